@@ -1,0 +1,3 @@
+from llama_sparse.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""The `llama-sparse` command: one entry point, one verb per module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from llama_sparse.errors import UserError
+from llama_sparse.project import Project
+
+
+def _cmd_vendor(args: argparse.Namespace) -> int:
+    from llama_sparse.vendor import vendor
+
+    vendor(Project.find(), sdist=args.sdist)
+    return 0
+
+
+def _cmd_patches(args: argparse.Namespace) -> int:
+    from llama_sparse import patches
+
+    project = Project.find()
+    if args.action == "apply":
+        patches.apply(project, discard=args.discard)
+    elif args.action == "export":
+        patches.export(project)
+    else:
+        problems = patches.check(project)
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from llama_sparse.build import DEFAULT_TARGETS, BuildConfig, build
+
+    from llama_sparse import ctest
+
+    targets = list(args.target or DEFAULT_TARGETS)
+    if args.tests:
+        targets += ctest.targets()
+    cfg = BuildConfig(variant="upstream" if args.upstream else "patched", jobs=args.jobs,
+                      cuda=args.cuda, targets=tuple(targets))
+    print(build(Project.find(), cfg))
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from llama_sparse import models
+
+    if args.action == "list":
+        for name, spec in models.REAL_MODELS.items():
+            where = models.cached_path(name)
+            print(f"{name:14} {'fetched' if where else 'not fetched':12} {spec.description}")
+        print(f"{models.TINY_QWEN3:14} {'generated':12} Qwen3 graph, random weights, written by llama-sparse")
+        return 0
+    if not args.name:
+        raise UserError(f"models {args.action} needs a model name")
+    path = models.resolve(args.name, log=lambda m: print(m, file=sys.stderr))
+    print(path)
+    return 0
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from llama_sparse import smoke
+
+    r = smoke.run(args.model, depth=args.depth, n_predict=args.n_predict, threads=args.threads,
+                  log_dir=Path(args.out))
+    t = r.timing
+    print(f"model {r.model.name}, depth {r.depth_tokens} tokens")
+    if t.prompt:
+        print(f"prompt eval: {t.prompt.tokens} tokens in {t.prompt.ms:.0f} ms, {t.prompt.tokens_per_second:.1f} tokens/s")
+    if t.decode:
+        print(f"decode:      {t.decode.tokens} tokens in {t.decode.ms:.0f} ms, {t.decode.tokens_per_second:.1f} tokens/s")
+    return 0
+
+
+def _cmd_ctest(args: argparse.Namespace) -> int:
+    from llama_sparse import ctest
+
+    proc = ctest.run(Project.find().build_dir / "patched")
+    print(proc.stdout, end="")
+    print(proc.stderr, end="", file=sys.stderr)
+    return proc.returncode
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llama-sparse", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("vendor", help="fetch the pinned upstream tree into vendor/llama.cpp")
+    p.add_argument("--sdist", type=Path, help="use this sdist file instead of downloading it")
+    p.set_defaults(func=_cmd_vendor)
+
+    p = sub.add_parser("patches", help="apply, export or check the patch stack")
+    p.add_argument("action", choices=["apply", "export", "check"])
+    p.add_argument("--discard", action="store_true",
+                   help="apply: throw away vendor commits and changes not in patches/")
+    p.set_defaults(func=_cmd_patches)
+
+    p = sub.add_parser("build", help="build the patched tree (or --upstream) into build/")
+    p.add_argument("--upstream", action="store_true", help="build the unpatched upstream tree")
+    p.add_argument("--cuda", action="store_true", help="also build the CUDA backend")
+    p.add_argument("-j", "--jobs", type=int, default=2)
+    p.add_argument("--target", action="append", help="a cmake target (repeatable)")
+    p.add_argument("--tests", action="store_true", help="also build upstream's CPU unit tests we run")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser("models", help="list, fetch or locate the test models")
+    p.add_argument("action", choices=["list", "fetch", "path"])
+    p.add_argument("name", nargs="?", help="smollm2-135m | gemma3-270m | tiny-qwen3 | a .gguf path")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("smoke", help="one dense decode at depth on a real model; tokens/s from the log")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--depth", type=int, default=4096, help="prompt length in tokens")
+    p.add_argument("--n-predict", type=int, default=64)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out", default="results/smoke", help="folder for the server log")
+    p.set_defaults(func=_cmd_smoke)
+
+    p = sub.add_parser("ctest", help="run upstream's CPU unit tests on the patched build")
+    p.set_defaults(func=_cmd_ctest)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"llama-sparse: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("llama-sparse: interrupted", file=sys.stderr)
+        return 130

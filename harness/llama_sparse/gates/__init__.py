@@ -1,0 +1,1 @@
+"""Gates: the checks a change must pass (identity, needle-in-a-haystack, logits, A/B speed), defined in gates/*.yaml."""

@@ -1,0 +1,427 @@
+"""What a gate run leaves on disk: results/<gate>-<YYYYmmdd-HHMMSS>/{report.json,report.md,plot.png}.
+
+`write` is meant to be called after every arm, so that a server that dies later in the run
+leaves everything measured so far behind; every file is replaced atomically. An arm that
+failed (server died, timed out) carries its error text and never a score: its metrics are
+dropped when it is recorded, and it counts as failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llama_sparse.gates.spec import GateSpec
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+PLOT_PNG = "plot.png"
+SCHEMA = 1
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    model: str
+    context: int
+    cache_type: str
+    batch: int = 1
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)   # every raw sample
+    error: str | None = None     # server died / timed out: the error text with its log tail
+    passed: bool | None = None
+
+    def fail(self, error: str) -> "ArmResult":
+        """Mark this result as errored: the error replaces any score, and it does not pass."""
+        self.error = error
+        self.metrics = {}
+        self.passed = False
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        errored = self.error is not None
+        return {
+            "arm": self.arm, "model": self.model, "context": self.context,
+            "cache_type": self.cache_type, "batch": self.batch,
+            "metrics": {} if errored else dict(self.metrics),   # an error is never a score
+            "samples": list(self.samples), "error": self.error,
+            "passed": False if errored else self.passed,
+        }
+
+
+@dataclass
+class GateReport:
+    spec: GateSpec
+    started: str
+    finished: str | None = None
+    machine: dict = field(default_factory=dict)   # from machine_info()
+    builds: dict = field(default_factory=dict)    # {"patched": {"build_info": ..., "llama_sparse": ...}, ...}
+    models: dict = field(default_factory=dict)    # name -> {"path": ..., "sha256": ...}
+    results: list[ArmResult] = field(default_factory=list)
+    passed: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def verdict(self) -> bool | None:
+        """`passed`, except that an errored or failed result always makes the gate fail."""
+        if any(r.error is not None or r.passed is False for r in self.results):
+            return False
+        return self.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "gate": self.spec.name, "kind": self.spec.kind,
+            "spec": self.spec.to_dict(), "started": self.started, "finished": self.finished,
+            "machine": self.machine, "builds": self.builds, "models": self.models,
+            "results": [r.to_dict() for r in self.results], "passed": self.verdict(),
+            "notes": list(self.notes),
+        }
+
+
+def now() -> str:
+    """The local time, ISO 8601 with offset, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def run_dir(out_root: Path, gate: str, when: float | None = None) -> Path:
+    """A fresh results/<gate>-<YYYYmmdd-HHMMSS>/ under `out_root` (suffixed -2, -3 ... if taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    out_root = Path(out_root)
+    out_root.mkdir(parents=True, exist_ok=True)
+    path = out_root / f"{gate}-{stamp}"
+    n = 2
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            path = out_root / f"{gate}-{stamp}-{n}"
+            n += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware", "cpu model"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> list[str]:
+    """The SIMD features llama.cpp's CPU kernels depend on."""
+    wanted = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+              "amx_tile", "asimd", "sve", "i8mm", "dotprod", "asimddp")
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                have = set(value.split())
+                return [f for f in wanted if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def _memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine_info() -> dict:
+    """Where the numbers were measured: host, CPU, cores, memory, Python, OS."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    mem = _memory_bytes()
+    return {
+        "hostname": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
+        "cores": os.cpu_count(),
+        "cores_usable": usable,
+        "memory_bytes": mem,
+        "memory_gib": round(mem / 2**30, 1) if mem else None,
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON: non-finite floats become null (strict JSON has no NaN), paths strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "item") and callable(value.item):   # numpy scalars
+        try:
+            return _jsonable(value.item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays
+        return _jsonable(value.tolist())
+    return str(value)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write(report: GateReport, out_dir: Path) -> dict[str, Path]:
+    """Write report.json, report.md and (if there is anything to plot) plot.png; safe to repeat."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / REPORT_JSON, "md": out_dir / REPORT_MD}
+    text = json.dumps(_jsonable(report.to_dict()), indent=2, allow_nan=False) + "\n"
+    _write_atomic(paths["json"], text.encode())
+    _write_atomic(paths["md"], markdown_table(report).encode())
+    png = plot(report, out_dir / PLOT_PNG)
+    if png is not None:
+        paths["png"] = png
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# markdown
+
+def _k(tokens: int) -> str:
+    """1024 -> 1K, 1536 -> 1.5K, 500 -> 500."""
+    if tokens >= 1024 and tokens % 256 == 0:
+        return f"{tokens / 1024:g}K"
+    return str(tokens)
+
+
+def format_metric(name: str, value: Any) -> str:
+    """Ratios as 2.31x, tokens/s with one decimal, scores and shares as percentages."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    n = name.lower()
+    if n.startswith("ratio") or n.endswith("_ratio") or n.startswith("speedup") or n == "bound":
+        return f"{value:.2f}x"
+    if "tps" in n or n.endswith("_per_s"):
+        return f"{value:.1f}"
+    if n in ("niah", "score", "top1", "bound_share") or n.startswith(("niah", "score", "top1")) \
+            or n.endswith(("_score", "_share", "_top1", "_frac")):
+        pct = value * 100
+        return f"{pct:.0f}%" if abs(pct - round(pct)) < 1e-9 else f"{pct:.1f}%"
+    if "kl" in n.split("_"):
+        return f"{value:.3g}"
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _result_cell(r: ArmResult) -> str:
+    if r.error is not None:
+        first = next((line.strip() for line in r.error.splitlines() if line.strip()), "(no message)")
+        return f"ERROR: {first}"
+    return {True: "pass", False: "FAIL", None: ""}[r.passed]
+
+
+def _builds_lines(builds: dict) -> list[str]:
+    lines = []
+    for variant, info in builds.items():
+        if isinstance(info, dict):
+            parts = [f"{k} {v}" for k, v in info.items() if v not in (None, "", {})]
+            lines.append(f"- build `{variant}`: {'; '.join(_cell(p) for p in parts) or '-'}")
+        else:
+            lines.append(f"- build `{variant}`: {_cell(info)}")
+    return lines
+
+
+def markdown_table(report: GateReport) -> str:
+    """A header (gate, kind, builds, machine, time, verdict) and one table row per result."""
+    spec = report.spec
+    verdict = report.verdict()
+    status = {True: "PASS", False: "FAIL", None: "incomplete" if report.finished is None else "no verdict"}[verdict]
+    out = [f"# Gate `{spec.name}` ({spec.kind}): {status}", ""]
+    if spec.description:
+        out += [spec.description, ""]
+    out.append(f"- started {report.started}, finished {report.finished or '(still running)'}")
+    out += _builds_lines(report.builds)
+    m = report.machine
+    if m:
+        cores = m.get("cores_usable") or m.get("cores")
+        mem = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
+        out.append(f"- machine: {m.get('hostname', '?')}, {m.get('cpu', '?')}, {cores} cores{mem}")
+    if spec.thresholds:
+        out.append("- thresholds: " + ", ".join(f"{k} {v:g}" for k, v in spec.thresholds.items()))
+    out.append("")
+
+    columns: list[str] = []
+    for r in report.results:
+        if r.error is None:
+            for name in r.metrics:
+                if name not in columns:
+                    columns.append(name)
+    header = ["arm", "model", "context", "cache", "B", *columns, "result"]
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "|".join(["---"] * 4 + ["--:"] * (1 + len(columns)) + ["---"]) + "|")
+    for r in report.results:
+        row = [r.arm, Path(r.model).name if r.model.endswith(".gguf") else r.model,
+               _k(r.context), r.cache_type, str(r.batch)]
+        row += ["-" if r.error is not None else format_metric(c, r.metrics.get(c)) for c in columns]
+        row.append(_result_cell(r))
+        out.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    if not report.results:
+        out.append("| " + " | ".join(["(no results yet)"] + [""] * (len(header) - 1)) + " |")
+
+    errored = [r for r in report.results if r.error is not None]
+    if errored:
+        out += ["", "## Errors"]
+        for r in errored:
+            out += ["", f"### {r.arm} / {r.model} / {_k(r.context)} / {r.cache_type} / B={r.batch}",
+                    "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
+    if report.notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# plot
+
+def _series_label(r: ArmResult, vary: dict[str, bool]) -> str:
+    parts = [r.arm]
+    if vary["model"]:
+        parts.append(Path(r.model).name if r.model.endswith(".gguf") else r.model)
+    if vary["cache"]:
+        parts.append(r.cache_type)
+    if vary["batch"]:
+        parts.append(f"B={r.batch}")
+    return " ".join(parts)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def plot(report: GateReport, path: Path) -> Path | None:
+    """Speed ratio and niah score vs context, one line per arm; None when there is nothing to plot."""
+    ok = [r for r in report.results if r.error is None]
+    ratio = [r for r in ok if _finite(r.metrics.get("ratio_median"))]
+    niah = [r for r in ok if _finite(r.metrics.get("niah"))]
+    panels = [p for p in (("ratio", ratio), ("niah", niah)) if p[1]]
+    if not panels:
+        return None
+
+    # Figure + the Agg canvas directly: no pyplot, no global backend switch, no state left behind.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentFormatter
+
+    vary = {"model": len({r.model for r in ok}) > 1, "cache": len({r.cache_type for r in ok}) > 1,
+            "batch": len({r.batch for r in ok}) > 1}
+    fig = Figure(figsize=(6.4 * len(panels), 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, (what, rs) in enumerate(panels):
+        contexts = sorted({r.context for r in rs})
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        series: dict[str, list[ArmResult]] = {}
+        for r in rs:
+            series.setdefault(_series_label(r, vary), []).append(r)
+        for label, points in series.items():
+            points.sort(key=lambda r: r.context)
+            xs = [r.context for r in points]
+            if what == "ratio":
+                ys = [r.metrics["ratio_median"] for r in points]
+                lo = [max(0.0, y - r.metrics["ratio_min"]) if _finite(r.metrics.get("ratio_min")) else 0.0
+                      for y, r in zip(ys, points)]
+                hi = [max(0.0, r.metrics["ratio_max"] - y) if _finite(r.metrics.get("ratio_max")) else 0.0
+                      for y, r in zip(ys, points)]
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=label)
+            else:
+                ax.plot(xs, [r.metrics["niah"] for r in points], marker="o", label=label)
+        if what == "ratio":
+            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+            ax.set_ylabel("decode speed, sparse / dense (median, min-max)")
+            ax.set_title("speed ratio")
+        else:
+            ax.set_ylim(-0.05, 1.05)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+            ax.set_ylabel("niah score")
+            ax.set_title("needle retrieval")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(contexts))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: _k(int(round(x)))))
+        if len(contexts) == 1:
+            ax.set_xlim(contexts[0] / 1.5, contexts[0] * 1.5)
+        ax.set_xlabel("context (tokens)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+
+    models = sorted({Path(r.model).name if r.model.endswith(".gguf") else r.model for r in ok})
+    caches = sorted({r.cache_type for r in ok})
+    title = f"gate {report.spec.name} ({report.spec.kind}): {', '.join(models)}, KV {', '.join(caches)}"
+    n_err = len(report.results) - len(ok)
+    if n_err:
+        title += f"\n{n_err} errored result{'s' if n_err > 1 else ''} not plotted (see report.md)"
+    fig.suptitle(title)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path

@@ -1,0 +1,200 @@
+"""Start, talk to and always stop a llama-server, in the spirit of upstream's ServerProcess.
+
+Typed fields become flags; the server listens on a free port of 127.0.0.1 only; start-up waits
+for /health; a process that dies or does not come up raises ServerError with the last lines of
+its log (captured to a file); the process is stopped on exit, Ctrl-C and test failure alike.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from llama_sparse import timings
+from llama_sparse.binaries import binary
+from llama_sparse.errors import UserError
+
+
+class ServerError(UserError):
+    """The server died, never came up, or failed a request; carries its log tail."""
+
+
+@dataclass
+class ServerConfig:
+    model: Path
+    ctx_size: int = 4096
+    parallel: int = 1
+    threads: int | None = None
+    flash_attn: str | None = "on"          # on | off | auto; None leaves upstream's default
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    batch_size: int | None = None
+    ubatch_size: int | None = None
+    seed: int = 42
+    cache_prompt: bool = True
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    variant: str = "patched"               # which build: patched | upstream
+    binary: Path | None = None             # overrides variant
+    startup_timeout: float = 300.0
+
+    def args(self) -> list[str]:
+        a = ["-m", str(self.model), "-c", str(self.ctx_size), "-np", str(self.parallel),
+             "--seed", str(self.seed), "--no-warmup", "--no-webui"]
+        if self.threads is not None:
+            a += ["-t", str(self.threads), "-tb", str(self.threads)]
+        if self.flash_attn is not None:
+            a += ["-fa", self.flash_attn]
+        if self.cache_type_k:
+            a += ["-ctk", self.cache_type_k]
+        if self.cache_type_v:
+            a += ["-ctv", self.cache_type_v]
+        if self.batch_size:
+            a += ["-b", str(self.batch_size)]
+        if self.ubatch_size:
+            a += ["-ub", str(self.ubatch_size)]
+        if not self.cache_prompt:
+            a += ["--no-cache-prompt"]
+        return a + list(self.extra_args)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, config: ServerConfig, log_path: Path):
+        self.config = config
+        self.log_path = Path(log_path)
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._session = requests.Session()
+
+    # -- life cycle -----------------------------------------------------------------
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        exe = self.config.binary or binary("llama-server", self.config.variant)
+        return [str(exe), *self.config.args(), "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        cmd = self.command
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env={**os.environ, **self.config.env})
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout
+        while time.monotonic() < deadline:
+            self._raise_if_dead("while starting")
+            try:
+                r = self._session.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"llama-server did not become healthy within {self.config.startup_timeout:.0f} s\n"
+                          + self.log_tail())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _raise_if_dead(self, when: str) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerError(f"llama-server exited with code {self.proc.returncode} {when}\n" + self.log_tail())
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._session.close()
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return f"--- last {min(n, len(lines))} lines of {self.log_path} ---\n" + "\n".join(lines[-n:])
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    # -- requests -------------------------------------------------------------------
+    def request(self, method: str, path: str, timeout: float = 3600, **kw: Any) -> Any:
+        self._raise_if_dead(f"before {method} {path}")
+        try:
+            r = self._session.request(method, f"{self.url}{path}", timeout=timeout, **kw)
+        except requests.RequestException as e:
+            self._raise_if_dead(f"during {method} {path}")
+            raise ServerError(f"{method} {path} failed: {e}\n" + self.log_tail()) from e
+        if r.status_code >= 400:
+            self._raise_if_dead(f"during {method} {path}")
+            raise ServerError(f"{method} {path} -> HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def props(self) -> dict[str, Any]:
+        return self.request("GET", "/props")
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        return self.request("POST", "/tokenize", json={"content": text, "add_special": add_special})["tokens"]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.request("POST", "/detokenize", json={"tokens": tokens})["content"]
+
+    def complete(self, prompt: str | list[int], n_predict: int = 32, **params: Any) -> dict[str, Any]:
+        """A greedy /completion unless params say otherwise."""
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": self.config.cache_prompt, "seed": self.config.seed, **params}
+        return self.request("POST", "/completion", json=body)
+
+    def complete_timed(self, prompt: str | list[int], n_predict: int = 32,
+                       **params: Any) -> tuple[dict[str, Any], timings.RequestTiming]:
+        """A completion and its timing block from the server log (single request at a time)."""
+        offset = self.log_size()
+        result = self.complete(prompt, n_predict, **params)
+        deadline = time.monotonic() + 10
+        while True:  # the timing lines are written just after the response is sent
+            found = timings.parse_file(self.log_path, offset)
+            if found:
+                return result, found[-1]
+            if time.monotonic() > deadline:
+                raise ServerError("no timing lines in the server log for the last request\n" + self.log_tail())
+            time.sleep(0.05)

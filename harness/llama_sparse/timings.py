@@ -1,0 +1,69 @@
+"""Parse llama-server's per-request timing lines out of its log.
+
+The log, not the HTTP response, is where decode speed is read (the seed's fork saw response
+bodies corrupted under load). A request's block looks like (from a real run, see tests/data/):
+
+    0.15.657.752 I slot print_timing: id  0 | task 0 | prompt eval time =    8448.04 ms /  1024 tokens (    8.25 ms per token,   121.21 tokens per second)
+    0.15.657.758 I slot print_timing: id  0 | task 0 |        eval time =    3643.52 ms /    32 tokens (  117.53 ms per token,     8.51 tokens per second)
+    0.15.657.759 I slot print_timing: id  0 | task 0 |       total time =   12091.56 ms /  1056 tokens
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_NUM = r"([0-9]+(?:\.[0-9]+)?|nan|inf)"
+_SLOT = re.compile(r"print_timing: id\s+(\d+) \| task (\d+)")
+_EVAL = re.compile(
+    rf"(prompt eval|eval) time =\s+{_NUM} ms /\s+(\d+) (?:tokens|runs)\s+\(\s*{_NUM} ms per token,\s+{_NUM} tokens per second\)")
+_TOTAL = re.compile(rf"total time =\s+{_NUM} ms /\s+(\d+) tokens")
+
+
+@dataclass(frozen=True)
+class EvalTiming:
+    tokens: int
+    ms: float
+    ms_per_token: float
+    tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    slot: int | None
+    task: int | None
+    prompt: EvalTiming | None
+    decode: EvalTiming | None
+    total_ms: float | None = None
+
+
+def parse(text: str) -> list[RequestTiming]:
+    """Every request's timings, in log order. A request is closed by its `total time` line.
+
+    Lines of concurrent slots may interleave; each line carries its slot and task, so the
+    records are kept apart by (slot, task).
+    """
+    out: list[RequestTiming] = []
+    open_: dict[tuple[int | None, int | None], dict[str, EvalTiming]] = {}
+    for line in text.splitlines():
+        m = _SLOT.search(line)
+        key = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+        e = _EVAL.search(line)
+        if e:
+            rec = EvalTiming(tokens=int(e.group(3)), ms=float(e.group(2)),
+                             ms_per_token=float(e.group(4)), tokens_per_second=float(e.group(5)))
+            open_.setdefault(key, {})["prompt" if e.group(1) == "prompt eval" else "decode"] = rec
+            continue
+        t = _TOTAL.search(line)
+        if t and key in open_:
+            parts = open_.pop(key)
+            out.append(RequestTiming(key[0], key[1], parts.get("prompt"), parts.get("decode"), float(t.group(1))))
+    return out
+
+
+def parse_file(path: Path, offset: int = 0) -> list[RequestTiming]:
+    """Timings in the log from byte `offset` on (pass the size before a request to get its own)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return parse(f.read().decode("utf-8", errors="replace"))

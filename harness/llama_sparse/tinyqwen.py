@@ -1,0 +1,174 @@
+"""tiny-qwen3: a Qwen3-architecture GGUF with random weights, written by our own code.
+
+It has the real Qwen3 graph (QK-norm, GQA, RoPE, SwiGLU) at any shape and a byte-level BPE
+vocabulary, so plumbing and byte-identity tests run in seconds without a download. Same shape
+and seed give the same file, byte for byte. We write it with the gguf-py of the pinned
+upstream tree when it is there (its writer matches its loader exactly), else the `gguf` package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llama_sparse.errors import UserError
+
+
+@dataclass(frozen=True)
+class TinyQwen3Shape:
+    n_layer: int = 2
+    n_embd: int = 256
+    n_head: int = 8
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 512
+    n_ctx: int = 8192
+    seed: int = 1234
+
+    def validate(self) -> None:
+        for k, v in asdict(self).items():
+            if v <= 0 and k != "seed":
+                raise UserError(f"tiny-qwen3: {k} must be positive, got {v}")
+        if self.n_head % self.n_head_kv:
+            raise UserError(f"tiny-qwen3: n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
+
+    @property
+    def tag(self) -> str:
+        return (f"L{self.n_layer}-E{self.n_embd}-H{self.n_head}-KV{self.n_head_kv}-D{self.head_dim}"
+                f"-F{self.n_ff}-C{self.n_ctx}-S{self.seed}")
+
+
+def _gguf_module():
+    """The pinned tree's gguf-py if it is vendored, else the installed `gguf` package."""
+    from llama_sparse.project import Project
+
+    try:
+        vendored = Project.find().vendor_dir / "gguf-py"
+    except UserError:
+        vendored = None
+    if vendored and (vendored / "gguf" / "__init__.py").is_file():
+        sys.path.insert(0, str(vendored))
+        try:
+            for name in [m for m in sys.modules if m == "gguf" or m.startswith("gguf.")]:
+                del sys.modules[name]
+            return importlib.import_module("gguf")
+        finally:
+            sys.path.remove(str(vendored))
+    return importlib.import_module("gguf")
+
+
+def _byte_vocab() -> tuple[list[str], list[int], list[str]]:
+    """GPT-2 byte-level BPE: 256 byte symbols, a few merges, the Qwen chat specials."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_chars = {b: chr(c) for b, c in zip(bs, cs)}
+    tokens = [byte_chars[b] for b in range(256)]
+    space = byte_chars[ord(" ")]
+    merges = []
+    for word in ("the", "he", "in", "an", "er", "on", "is", "re", "at", "en"):
+        a, b = word[0], word[1:]
+        if a + b not in tokens and len(b) == 1:
+            merges.append(f"{a} {b}")
+            tokens.append(a + b)
+    for ch in "tsaiowcbpmfdhl":
+        merges.append(f"{space} {ch}")
+        tokens.append(space + ch)
+    types = [1] * len(tokens)  # normal
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        tokens.append(special)
+        types.append(3)  # control
+    return tokens, types, merges
+
+
+def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
+    shape.validate()
+    gguf = _gguf_module()
+    rng = np.random.default_rng(shape.seed)
+    tokens, types, merges = _byte_vocab()
+    n_vocab = len(tokens)
+
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name(f"tiny-qwen3 {shape.tag}")
+    w.add_context_length(shape.n_ctx)
+    w.add_embedding_length(shape.n_embd)
+    w.add_block_count(shape.n_layer)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(0)  # all f32
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tokens.index("<|endoftext|>"))
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_add_bos_token(False)
+
+    def mat(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
+        s = scale if scale is not None else 1.0 / np.sqrt(cols)
+        return (rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    q_dim, kv_dim = shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
+    w.add_tensor("token_embd.weight", mat(n_vocab, shape.n_embd, 1.0))
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(shape.n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(q_dim, shape.n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(kv_dim, shape.n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(kv_dim, shape.n_embd))
+        w.add_tensor(p + "attn_q_norm.weight", norm(shape.head_dim))
+        w.add_tensor(p + "attn_k_norm.weight", norm(shape.head_dim))
+        w.add_tensor(p + "attn_output.weight", mat(shape.n_embd, q_dim))
+        w.add_tensor(p + "ffn_norm.weight", norm(shape.n_embd))
+        w.add_tensor(p + "ffn_gate.weight", mat(shape.n_ff, shape.n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(shape.n_ff, shape.n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(shape.n_embd, shape.n_ff))
+    w.add_tensor("output_norm.weight", norm(shape.n_embd))
+    w.add_tensor("output.weight", mat(n_vocab, shape.n_embd))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_cached(shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
+    """The model for `shape` in the models cache, written once (atomically)."""
+    from llama_sparse.models import models_dir
+
+    out = models_dir() / f"tiny-qwen3-{shape.tag}.gguf"
+    if out.is_file():
+        return out
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    try:
+        write(tmp, shape)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,289 @@
+"""Gate definitions: YAML files load into the dataclasses, and every mistake is refused clearly."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llama_sparse.errors import UserError
+from llama_sparse.gates.spec import Arm, GateSpec, SpecError, discover, load
+
+GATES_DIR = Path(__file__).resolve().parent.parent / "gates"
+
+VALID = """\
+    kind: ab
+    description: a sparse arm against dense
+    models: [smollm2-135m, ./local.gguf]
+    context_lengths: [2048, "8K"]
+    cache_types: [f16, q8_0]
+    repeats: 7
+    n_predict: 32
+    batch: [1, 4]
+    seed: 7
+    threads: 2
+    arms:
+      - dense
+      - name: sparse-25
+        flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25"]
+      - name: up
+        variant: upstream
+        flags: "-fa off"
+    thresholds:
+      min_ratio: 1.5
+    """
+
+
+def write(tmp_path: Path, text: str, name: str = "gate.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def refused(tmp_path: Path, text: str, name: str = "gate.yaml") -> str:
+    path = write(tmp_path, text, name)
+    with pytest.raises(SpecError) as info:
+        load(path)
+    msg = str(info.value)
+    # every line of the message starts with the file it is about
+    for line in msg.splitlines():
+        assert line.startswith(str(path)) or line.startswith(name), line
+    return msg
+
+
+def test_valid_file_loads_into_dataclasses(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, VALID))
+    assert isinstance(spec, GateSpec)
+    assert spec.name == "gate" and spec.kind == "ab"
+    assert spec.description == "a sparse arm against dense"
+    assert spec.models == ("smollm2-135m", str((tmp_path / "local.gguf").resolve()))
+    assert spec.context_lengths == (2048, 8192)
+    assert spec.cache_types == ("f16", "q8_0")
+    assert (spec.repeats, spec.n_predict, spec.batch, spec.seed, spec.threads) == (7, 32, (1, 4), 7, 2)
+    assert spec.thresholds == {"min_ratio": 1.5}
+    dense, sparse, up = spec.arms
+    assert dense == Arm(name="dense")
+    assert sparse.flags == ("--sparse-attn", "on", "--sparse-attn-coverage", "0.25")
+    assert sparse.sparse is True and sparse.coverage == 0.25 and sparse.variant == "patched"
+    assert up == Arm(name="up", flags=("-fa", "off"), variant="upstream")
+    assert spec.reference is dense and spec.arm("up") is up
+    with pytest.raises(Exception):
+        spec.kind = "niah"  # frozen
+
+
+def test_defaults_and_niah_n_predict(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, """\
+        kind: niah
+        models: [smollm2-135m]
+        context_lengths: [1024]
+        arms: [dense]
+        """, "my-gate.yaml"))
+    assert spec.name == "my-gate"
+    assert spec.n_predict == 128          # niah default
+    assert spec.samples == 24 and spec.tasks == ("niah_single_1",) and spec.cache_types == ("f16",)
+    assert spec.thresholds == {} and spec.threads is None and spec.seed == 42
+    other = load(write(tmp_path, """\
+        kind: logits
+        models: [smollm2-135m]
+        context_lengths: [1024]
+        arms: [a, b]
+        """, "l.yaml"))
+    assert other.n_predict == 64
+
+
+def test_to_dict_is_json_and_complete(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, VALID))
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert d["name"] == "gate" and d["kind"] == "ab" and d["path"] == str(spec.path)
+    assert d["context_lengths"] == [2048, 8192]
+    assert [a["name"] for a in d["arms"]] == ["dense", "sparse-25", "up"]
+    assert d["arms"][1]["coverage"] == 0.25 and d["arms"][1]["sparse"] is True
+    assert d["thresholds"] == {"min_ratio": 1.5} and d["repeats"] == 7
+
+
+def test_unknown_key_names_file_key_and_close_match(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("repeats: 7", "repeat: 7"), "x.yaml")
+    assert "x.yaml" in msg
+    assert "key 'repeat' unknown" in msg
+    assert "did you mean 'repeats'?" in msg
+    assert "known keys:" in msg and "context_lengths" in msg
+    assert "x.yaml:6:" in msg  # the line the key is on
+
+
+def test_unknown_arm_key_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("variant: upstream", "varient: upstream"))
+    assert "arms[2] ('up')" in msg and "key 'varient' unknown" in msg and "'variant'" in msg
+
+
+def test_ab_with_two_repeats_is_refused_with_reason(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("repeats: 7", "repeats: 2"))
+    assert "repeats: 2" in msg and ">= 5" in msg and "10%" in msg
+
+
+def test_negative_context_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace('[2048, "8K"]', "[2048, -4096]"))
+    assert "context_lengths[1]" in msg and "-4096" in msg and "positive" in msg
+
+
+@pytest.mark.parametrize("value", ["[]", "[1024.5]", "[true]", "1024x", "[0]", "[1024, 1024]"])
+def test_bad_context_lengths(tmp_path: Path, value: str) -> None:
+    msg = refused(tmp_path, VALID.replace('[2048, "8K"]', value))
+    assert "context_lengths" in msg
+
+
+def test_unknown_kind_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("kind: ab", "kind: speed"))
+    assert "kind: 'speed' is not a gate kind" in msg and "identity, niah, logits, ab" in msg
+
+
+def test_duplicate_arm_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("name: up", "name: dense"))
+    assert "name 'dense' is used twice" in msg
+
+
+def test_unknown_cache_type_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("[f16, q8_0]", "[f16, q8]"))
+    assert "'q8' is not a known KV cache type" in msg and "did you mean 'q8_0'?" in msg
+
+
+def test_unknown_threshold_for_kind_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("min_ratio: 1.5", "min_score: 1.0"))
+    assert "'min_score' unknown for kind ab" in msg and "min_ratio" in msg
+
+
+BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "arms": ["dense"],
+        "repeats": 5, "thresholds": {"min_ratio": 1.0}}
+
+
+@pytest.mark.parametrize("override, expect", [
+    ({"arms": []}, "arms: must not be empty"),
+    ({"arms": "dense"}, "arms: must be a list"),
+    ({"repeats": "seven"}, "repeats: must be an integer"),
+    ({"repeats": 5.0}, "repeats: must be an integer"),
+    ({"threads": 0}, "threads: 0 is out of range"),
+    ({"seed": -1}, "seed: -1 is out of range"),
+    ({"batch": [0]}, "batch[0]"),
+    ({"models": ["gpt-5"]}, "'gpt-5' is not a known model"),
+    ({"thresholds": {"min_ratio": -1}}, "min_ratio: -1 is out of range"),
+    ({"thresholds": {"min_ratio": "fast"}}, "min_ratio: must be a number"),
+    ({"tasks": ["niah_single_1"]}, "tasks: applies to kind niah only"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "tasks": ["niah_x"]}, "'niah_x' is not a known niah task"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {"min_score": 1.5}}, "min_score: 1.5 is out of range"),
+    ({"description": ["a"]}, "description: must be a string"),
+    ({"name": "Bad Name"}, "is not a valid gate name"),
+])
+def test_bad_values_are_refused(tmp_path: Path, override: dict, expect: str) -> None:
+    data = {**BASE, **override}
+    if data["kind"] != "ab":
+        data.pop("repeats")
+    msg = refused(tmp_path, yaml.safe_dump(data))
+    assert expect in msg
+
+
+def test_base_of_bad_values_is_valid(tmp_path: Path) -> None:
+    assert load(write(tmp_path, yaml.safe_dump(BASE))).kind == "ab"
+
+
+def test_arm_flag_problems(tmp_path: Path) -> None:
+    msg = refused(tmp_path, """\
+        kind: ab
+        models: [smollm2-135m]
+        context_lengths: [1024]
+        arms:
+          - name: a
+            flags: [--sparse-attn, on]
+          - name: b
+            flags: [-c, "4096"]
+          - name: c
+            variant: upstream
+            sparse: true
+          - name: D
+          - name: e
+            coverage: 1.5
+        """)
+    assert "quote it" in msg                                  # YAML's `on` is a boolean
+    assert "'-c' is set from the gate's 'context_lengths'" in msg
+    assert "upstream build has no sparse attention" in msg
+    assert "'D' is not a valid arm name" in msg
+    assert "coverage: 1.5 is out of range" in msg
+
+
+def test_identity_and_logits_need_a_reference_and_another_arm(tmp_path: Path) -> None:
+    msg = refused(tmp_path, """\
+        kind: identity
+        models: [smollm2-135m]
+        context_lengths: [1024]
+        arms: [patched]
+        """)
+    assert "needs at least 2 arms" in msg
+
+
+def test_missing_required_keys(tmp_path: Path) -> None:
+    msg = refused(tmp_path, "kind: niah\n")
+    for key in ("models", "context_lengths", "arms"):
+        assert f"key '{key}' missing" in msg
+
+
+def test_all_problems_reported_at_once(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID.replace("repeats: 7", "repeats: 2").replace("[f16, q8_0]", "[f99]"))
+    assert "repeats: 2" in msg and "'f99'" in msg
+    assert len(msg.splitlines()) == 2
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    msg = refused(tmp_path, "kind: niah\nmodels: [smollm2-135m\ncontext_lengths: [1024]\n", "broken.yaml")
+    assert msg.startswith(str(tmp_path / "broken.yaml") + ":") or msg.startswith("broken.yaml:")
+    assert "YAML error" in msg and "line 2" in msg
+
+
+def test_duplicate_yaml_key_is_refused(tmp_path: Path) -> None:
+    msg = refused(tmp_path, VALID + "repeats: 9\n")
+    assert "duplicate key 'repeats'" in msg
+
+
+def test_not_a_mapping_and_empty(tmp_path: Path) -> None:
+    assert "must be a mapping" in refused(tmp_path, "- a\n- b\n")
+    assert "empty gate file" in refused(tmp_path, "# nothing\n")
+
+
+def test_spec_error_is_a_user_error() -> None:
+    assert issubclass(SpecError, UserError)
+
+
+def test_discover_sorted_and_collects_all_broken_files(tmp_path: Path) -> None:
+    write(tmp_path, VALID, "b.yaml")
+    write(tmp_path, yaml.safe_dump({"kind": "niah", "models": ["smollm2-135m"], "context_lengths": [512],
+                                    "arms": ["dense"], "thresholds": {"min_score": 1.0}}), "a.yml")
+    (tmp_path / "notes.txt").write_text("not a gate")
+    assert [s.name for s in discover(tmp_path)] == ["a", "b"]
+    write(tmp_path, "kind: nope\n", "c.yaml")
+    write(tmp_path, "kind: [\n", "d.yaml")
+    with pytest.raises(SpecError) as info:
+        discover(tmp_path)
+    assert "c.yaml" in str(info.value) and "d.yaml" in str(info.value)
+    with pytest.raises(SpecError):
+        discover(tmp_path / "missing")
+
+
+def test_every_gate_in_the_repository_loads() -> None:
+    files = sorted(GATES_DIR.glob("*.y*ml"))
+    assert {f.name for f in files} >= {"identity.yaml", "niah.yaml", "ab.yaml", "logits.yaml"}
+    specs = {s.name: s for s in discover(GATES_DIR)}
+    assert len(specs) == len(files)
+    assert specs["identity"].kind == "identity"
+    assert [a.variant for a in specs["identity"].arms] == ["upstream", "patched"]
+    assert specs["niah"].thresholds == {"min_score": 1.0} and specs["niah"].n_predict == 128
+    assert specs["ab"].repeats >= 5 and specs["ab"].context_lengths == (2048, 4096, 8192)
+    assert [a.name for a in specs["logits"].arms] == ["dense", "dense-again"]
+    assert specs["logits"].thresholds == {"max_diff_steps": 0}
+
+
+def test_discover_refuses_the_same_gate_name_twice(tmp_path: Path) -> None:
+    write(tmp_path, VALID, "one.yaml")
+    write(tmp_path, "name: one\n" + textwrap.dedent(VALID), "two.yaml")
+    with pytest.raises(SpecError) as info:
+        discover(tmp_path)
+    assert "gate 'one' is also defined in" in str(info.value)

@@ -1,0 +1,216 @@
+"""Gate reports on disk (json, markdown, png) and the progress display; no server needed."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llama_sparse.gates.report import (ArmResult, GateReport, format_metric, machine_info,
+                                       markdown_table, plot, run_dir, write)
+from llama_sparse.gates.spec import load
+from llama_sparse.progress import Progress
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def spec(tmp_path: Path):
+    path = tmp_path / "ab-test.yaml"
+    path.write_text(yaml.safe_dump({
+        "kind": "ab", "description": "sparse vs dense", "models": ["smollm2-135m"],
+        "context_lengths": [2048, 4096, 8192], "repeats": 5,
+        "arms": ["dense", {"name": "sparse-25", "flags": ["--sparse-attn", "on"], "coverage": 0.25}],
+    }))
+    return load(path)
+
+
+def speed(arm: str, ctx: int, ratio: float, tps: float) -> ArmResult:
+    return ArmResult(arm=arm, model="smollm2-135m", context=ctx, cache_type="f16",
+                     metrics={"decode_tps_median": tps, "decode_tps_min": tps - 0.5,
+                              "decode_tps_max": tps + 0.5, "ratio_median": ratio,
+                              "ratio_min": ratio - 0.1, "ratio_max": ratio + 0.2,
+                              "bound": 4.0, "bound_share": ratio / 4.0},
+                     samples=[{"repeat": i, "decode_tps": tps} for i in range(5)], passed=True)
+
+
+def make_report(spec) -> GateReport:
+    died = ArmResult(arm="sparse-25", model="smollm2-135m", context=8192, cache_type="f16",
+                     samples=[{"repeat": 0, "decode_tps": 3.0}])
+    died.metrics = {"ratio_median": 9.9}   # a score measured before the crash must not survive
+    died.fail("server died: exit code -9\nlog tail:\nggml_abort: out of memory")
+    return GateReport(
+        spec=spec, started="2025-01-01T00:00:00+0000", finished="2025-01-01T00:10:00+0000",
+        machine=machine_info(),
+        builds={"patched": {"build_info": "b1234-abcdef", "llama_sparse": "0.1.0"}},
+        models={"smollm2-135m": {"path": "/m/smollm2.gguf", "sha256": "ab" * 32}},
+        results=[speed("dense", 2048, 1.0, 20.0), speed("sparse-25", 2048, 2.31, 46.2),
+                 speed("sparse-25", 4096, 3.05, 40.1), died],
+        passed=True, notes=["dense is the reference"],
+    )
+
+
+def test_write_creates_all_files_and_json_round_trips(tmp_path: Path, spec) -> None:
+    report = make_report(spec)
+    out = tmp_path / "run"
+    paths = write(report, out)
+    assert set(paths) == {"json", "md", "png"}
+    assert paths["png"].read_bytes()[:8] == PNG_MAGIC
+    assert paths["png"].stat().st_size > 1000
+    data = json.loads(paths["json"].read_text())
+    assert data["gate"] == "ab-test" and data["kind"] == "ab"
+    assert data["spec"] == json.loads(json.dumps(spec.to_dict()))
+    assert data["builds"]["patched"]["build_info"] == "b1234-abcdef"
+    assert data["machine"]["cores"] >= 1
+    assert len(data["results"]) == 4
+    err = data["results"][3]
+    assert err["error"].startswith("server died: exit code -9")
+    assert "out of memory" in err["error"]
+    assert err["metrics"] == {}                 # no score for an errored arm
+    assert err["passed"] is False
+    assert err["samples"] == [{"repeat": 0, "decode_tps": 3.0}]
+    assert data["results"][1]["metrics"]["ratio_median"] == 2.31
+    assert data["results"][1]["samples"][4] == {"repeat": 4, "decode_tps": 46.2}
+    assert data["passed"] is False              # an errored arm fails the gate, whatever `passed` says
+    assert data["notes"] == ["dense is the reference"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_write_is_repeatable_and_keeps_partial_results(tmp_path: Path, spec) -> None:
+    report = GateReport(spec=spec, started="2025-01-01T00:00:00+0000")
+    paths = write(report, tmp_path)
+    assert "png" not in paths                   # nothing to plot yet
+    assert json.loads(paths["json"].read_text())["results"] == []
+    assert "incomplete" in paths["md"].read_text()
+    report.results.append(speed("dense", 2048, 1.0, 20.0))
+    paths = write(report, tmp_path)
+    assert len(json.loads(paths["json"].read_text())["results"]) == 1
+    assert paths["png"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_json_has_no_nan(tmp_path: Path, spec) -> None:
+    report = GateReport(spec=spec, started="x", results=[
+        ArmResult(arm="dense", model="smollm2-135m", context=2048, cache_type="f16",
+                  metrics={"ratio_median": math.nan, "decode_tps_median": math.inf},
+                  samples=[{"path": tmp_path, "t": (1, 2)}])])
+    text = write(report, tmp_path)["json"].read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    data = json.loads(text)
+    assert data["results"][0]["metrics"] == {"ratio_median": None, "decode_tps_median": None}
+    assert data["results"][0]["samples"] == [{"path": str(tmp_path), "t": [1, 2]}]
+
+
+def test_markdown_table_rows_and_error(spec) -> None:
+    md = markdown_table(make_report(spec))
+    lines = md.splitlines()
+    assert lines[0].startswith("# Gate `ab-test` (ab): FAIL")
+    assert "b1234-abcdef" in md
+    header = next(line for line in lines if line.startswith("| arm"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols[:5] == ["arm", "model", "context", "cache", "B"] and cols[-1] == "result"
+    assert "ratio_median" in cols and "decode_tps_median" in cols
+    rows = [line for line in lines if line.startswith("| sparse-25") or line.startswith("| dense")]
+    assert len(rows) == 4
+    ok = [c.strip() for c in rows[1].strip("|").split("|")]
+    assert ok[cols.index("ratio_median")] == "2.31x"
+    assert ok[cols.index("decode_tps_median")] == "46.2"
+    assert ok[cols.index("context")] == "2K"
+    assert ok[cols.index("bound_share")] == "57.8%"
+    assert ok[-1] == "pass"
+    err = [c.strip() for c in rows[3].strip("|").split("|")]
+    assert err[-1] == "ERROR: server died: exit code -9"
+    assert err[cols.index("ratio_median")] == "-"    # never a score on an error row
+    assert "9.9" not in rows[3]
+    assert "## Errors" in md and "ggml_abort: out of memory" in md
+
+
+def test_format_metric() -> None:
+    assert format_metric("ratio_median", 2.3112) == "2.31x"
+    assert format_metric("decode_tps_min", 14.46) == "14.5"
+    assert format_metric("niah", 1.0) == "100%"
+    assert format_metric("niah", 23 / 24) == "95.8%"
+    assert format_metric("kl_mean", 0.000123456) == "0.000123"
+    assert format_metric("diff_steps", 3.0) == "3"
+    assert format_metric("anything", None) == "-"
+
+
+def test_plot_none_without_data(tmp_path: Path, spec) -> None:
+    empty = GateReport(spec=spec, started="x")
+    assert plot(empty, tmp_path / "p.png") is None
+    only_errors = GateReport(spec=spec, started="x", results=[
+        ArmResult(arm="dense", model="m", context=1024, cache_type="f16").fail("timed out")])
+    assert plot(only_errors, tmp_path / "p.png") is None
+    no_plottable = GateReport(spec=spec, started="x", results=[
+        ArmResult(arm="dense", model="m", context=1024, cache_type="f16", metrics={"kl_mean": 0.0})])
+    assert plot(no_plottable, tmp_path / "p.png") is None
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_niah_panel(tmp_path: Path, spec) -> None:
+    report = GateReport(spec=spec, started="x", results=[
+        ArmResult(arm="dense", model="smollm2-135m", context=c, cache_type="f16", metrics={"niah": s})
+        for c, s in ((1024, 1.0), (7168, 0.95))])
+    path = plot(report, tmp_path / "niah.png")
+    assert path is not None and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_run_dir_is_fresh(tmp_path: Path) -> None:
+    a = run_dir(tmp_path / "results", "niah", when=0)
+    b = run_dir(tmp_path / "results", "niah", when=0)
+    assert a != b and a.is_dir() and b.is_dir()
+    assert a.name.startswith("niah-") and len(a.name) == len("niah-YYYYmmdd-HHMMSS")
+
+
+def test_machine_info() -> None:
+    info = machine_info()
+    assert info["hostname"] and info["cpu"] and info["python"] and info["platform"]
+    assert info["cores"] >= 1
+    json.dumps(info)
+
+
+# progress.py lives here too: it is what long gate runs report through.
+
+def test_progress_plain_lines() -> None:
+    buf = io.StringIO()
+    with Progress(stream=buf) as progress:      # a StringIO is no terminal: plain lines
+        assert progress.plain
+        task = progress.task("prefill 32K", total=3)
+        task.advance()
+        task.advance(2)
+        task.update(description="decode")
+        progress.log("a [bracketed] message")
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith("prefill 32K: 0/3")
+    assert lines[1].endswith("prefill 32K: 1/3") and lines[1].lstrip().startswith("[")
+    assert "s]" in lines[1]                      # elapsed seconds
+    assert lines[2].endswith("prefill 32K: 3/3")
+    assert lines[3] == "a [bracketed] message"
+    assert len(lines) == 4
+
+
+def test_progress_ci_forces_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert Progress(stream=Tty()).plain is False
+    monkeypatch.setenv("CI", "true")
+    assert Progress(stream=Tty()).plain is True
+
+
+def test_progress_rich_mode_and_misuse() -> None:
+    buf = io.StringIO()
+    with Progress(stream=buf, plain=False) as progress:
+        task = progress.task("prefill", total=2)
+        task.advance()
+        progress.log("hello [bold]x[/bold]")
+    assert "hello [bold]x[/bold]" in buf.getvalue()     # printed verbatim, not as markup
+    assert "prefill" in buf.getvalue()
+    with pytest.raises(RuntimeError):
+        Progress(stream=io.StringIO()).task("outside", 1)

@@ -1,0 +1,37 @@
+"""The timing-line parser, on lines recorded from real llama-server runs (tests/data)."""
+
+from pathlib import Path
+
+from llama_sparse import timings
+
+DATA = Path(__file__).parent / "data" / "server-timing.log"
+
+
+def test_parses_every_request_with_its_slot_and_task() -> None:
+    recs = timings.parse(DATA.read_text())
+    assert [(r.slot, r.task) for r in recs] == [(0, 0), (0, 0), (1, 1)]
+    single = recs[0]
+    assert single.prompt is not None and single.decode is not None
+    assert (single.prompt.tokens, single.prompt.ms, single.prompt.tokens_per_second) == (1024, 2390.68, 428.33)
+    assert (single.decode.tokens, single.decode.ms_per_token, single.decode.tokens_per_second) == (32, 8.63, 115.83)
+    assert single.total_ms == 2658.31
+
+
+def test_two_slots_kept_apart() -> None:
+    recs = timings.parse(DATA.read_text())[1:]
+    assert [r.decode.tokens for r in recs if r.decode] == [48, 64]
+    assert [r.prompt.tokens for r in recs if r.prompt] == [19, 31]
+
+
+def test_offset_reads_only_later_requests(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    text = DATA.read_text()
+    first_block_end = text.index("graphs reused")
+    log.write_text(text)
+    assert len(timings.parse_file(log, offset=first_block_end)) == 2
+
+
+def test_incomplete_block_is_not_a_record() -> None:
+    lines = DATA.read_text().splitlines()
+    without_total = "\n".join(ln for ln in lines if "total time" not in ln)
+    assert timings.parse(without_total) == []
