@@ -35,7 +35,7 @@ llama-sparse patches apply
 echo "== building (2 jobs, ccache)"
 if [ $with_tests = 1 ]; then
   llama-sparse build --tests
-  llama-sparse build --upstream --target llama-server
+  llama-sparse build --upstream --target llama-server --target llama-sparse-logits
 else
   llama-sparse build
 fi

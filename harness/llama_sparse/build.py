@@ -20,7 +20,7 @@ from llama_sparse.gitrepo import GitRepo
 from llama_sparse.project import Project
 from llama_sparse.vendor import UPSTREAM_TAG
 
-DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops")
+DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops", "llama-sparse-logits")
 
 
 @dataclass

@@ -86,6 +86,42 @@ def _cmd_ctest(args: argparse.Namespace) -> int:
     return proc.returncode
 
 
+def _report_exit(ctx) -> int:
+    from llama_sparse.gates import report as reports
+
+    paths = ctx.save()
+    print(reports.markdown_table(ctx.report))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    verdict = ctx.report.verdict()
+    print(f"gate {ctx.spec.name}: {'PASSED' if verdict else 'FAILED' if verdict is False else 'done (no thresholds)'}")
+    return 1 if verdict is False else 0
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from llama_sparse.gates import spec as specs
+    from llama_sparse.gates.runner import run_gate
+
+    project = Project.find()
+    if args.list:
+        for s in specs.discover(project.root / "gates"):
+            print(f"{str(s.path.relative_to(project.root)):24} {s.kind:9} {', '.join(a.name for a in s.arms):30} {s.description}")
+        return 0
+    if not args.file:
+        raise UserError("gate needs a FILE (see `llama-sparse gate --list`)")
+    ctx = run_gate(specs.load(Path(args.file)), Path(args.out or project.root / "results"), only=args.only)
+    return _report_exit(ctx)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from llama_sparse import demo
+
+    project = Project.find()
+    ctx = demo.run(Path(args.out or project.root / "results"), model=args.model, samples=args.samples,
+                   repeats=args.repeats)
+    return _report_exit(ctx)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llama-sparse", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -120,6 +156,20 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("--out", default="results/smoke", help="folder for the server log")
     p.set_defaults(func=_cmd_smoke)
+
+    p = sub.add_parser("gate", help="run a gate defined in a YAML file (see gates/)")
+    p.add_argument("file", nargs="?", help="gates/NAME.yaml")
+    p.add_argument("--list", action="store_true", help="list the gates in gates/")
+    p.add_argument("--only", help="run only this arm (and the reference arm)")
+    p.add_argument("--out", help="results folder (default: results/)")
+    p.set_defaults(func=_cmd_gate)
+
+    p = sub.add_parser("demo", help="the main job: niah and decode A/B on SmolLM2 at 4K and 8K")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--samples", type=int, default=4, help="needles per context length")
+    p.add_argument("--repeats", type=int, default=5, help="A/B repeats (at least 5)")
+    p.add_argument("--out", help="results folder (default: results/)")
+    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("ctest", help="run upstream's CPU unit tests on the patched build")
     p.set_defaults(func=_cmd_ctest)

@@ -1,0 +1,67 @@
+"""`llama-sparse demo`: the README's main job, a short look at speed and retrieval on SmolLM2.
+
+niah and ab at 4K and 8K for dense and, once the build has a sparse method, its default
+sparse arm; few samples (the full gates are the YAML files in gates/). One report, one table
+and one plot: niah score and sparse/dense decode ratio against context length per arm.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from llama_sparse.binaries import binary
+from llama_sparse.gates import ab, needles, report as reports
+from llama_sparse.gates.runner import GateContext
+from llama_sparse.gates.spec import Arm, GateSpec
+from llama_sparse.progress import Progress
+
+DEFAULT_SPARSE_ARM = Arm(name="sparse-0.25", flags=("--sparse-attn", "on", "--sparse-attn-coverage", "0.25"),
+                         sparse=True, coverage=0.25)
+CONTEXTS = (4096, 7936)   # "4K" and "8K": SmolLM2's 8192 window less the 128-token answer and headroom
+
+
+def build_has_sparse() -> bool:
+    out = subprocess.run([str(binary("llama-server")), "--help"], capture_output=True, text=True, timeout=60)
+    return "--sparse-attn" in out.stdout + out.stderr
+
+
+def spec(model: str, samples: int, repeats: int, with_sparse: bool) -> GateSpec:
+    arms = (Arm(name="dense"),) + ((DEFAULT_SPARSE_ARM,) if with_sparse else ())
+    return GateSpec(path=Path("<demo>"), name="demo", kind="ab",
+                    description="demo: niah and decode A/B on SmolLM2 at 4K and 8K",
+                    models=(model,), context_lengths=CONTEXTS, cache_types=("f16",), arms=arms,
+                    samples=samples, tasks=("niah_single_1",), repeats=repeats, n_predict=64, batch=(1,))
+
+
+def run(out_root: Path, model: str = "smollm2-135m", samples: int = 4, repeats: int = 5) -> GateContext:
+    with_sparse = build_has_sparse()
+    gate = spec(model, samples, repeats, with_sparse)
+    out_dir = reports.run_dir(out_root, "demo")
+    with Progress() as p:
+        ctx = GateContext(spec=gate, out_dir=out_dir, progress=p)
+        if not with_sparse:
+            note = "this build has no sparse method yet (no --sparse-attn flag): only the dense arm runs"
+            ctx.report.notes.append(note)
+            p.log(note)
+        try:
+            for n_ctx in gate.context_lengths:
+                samples_ = needles.make_samples(ctx, model, n_ctx, 128)
+                speed = {r.arm: r for r in ab.measure(ctx, model, n_ctx, "f16", 1, list(gate.arms), gate.arms[0])}
+                for arm in gate.arms:
+                    found = needles.answer(ctx, arm, model, n_ctx, "f16", 128, samples_)
+                    merged = speed[arm.name]
+                    if found.error or merged.error:
+                        merged.fail("\n".join(e for e in (merged.error, found.error) if e))
+                    else:
+                        merged.metrics["niah"] = found.metrics["niah"]
+                        merged.samples = [{"decode": merged.samples}, {"niah": found.samples}]
+                    ctx.record(merged)
+                    m = merged.metrics
+                    if merged.error is None:
+                        p.log(f"  {arm.name} @{n_ctx}: niah {m['niah']:.0%}, decode {m['decode_tps_median']:.1f} tok/s"
+                              + (f", {m['ratio_median']:.2f}x dense" if arm.sparse else ""))
+        finally:
+            ctx.report.finished = reports.now()
+            ctx.save()
+    return ctx

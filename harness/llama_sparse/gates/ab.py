@@ -1,0 +1,150 @@
+"""ab gate: same-run decode A/B of every arm against dense.
+
+For each (model, context, KV type, batch B) every arm gets its own server (--parallel B) and
+the same prompt of exactly `context` tokens, prefilled once and then reused from the prompt
+cache, so a repeat costs only decode. The arms run interleaved, A B A B ..., `repeats` times;
+decode tokens/s is read from each server's `eval time` log line (never from the HTTP reply).
+With B > 1 the B streams run concurrently and the aggregate is their tokens over the longest
+stream's decode time.
+
+Reported per arm: median, min and max decode tokens/s; the ratio to the dense arm of the same
+repeat (median, min, max); and, for arms that declare a coverage c, the bound that reading a
+fraction c of the cache allows, from two dense measurements (decode step time t_0 at depth 0
+and t_full at the context): bound(c) = t_full / (t_0 + c * (t_full - t_0)), and the share of
+that bound reached.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+from llama_sparse import timings
+from llama_sparse.errors import UserError
+from llama_sparse.gates import texts
+from llama_sparse.gates.report import ArmResult
+from llama_sparse.gates.runner import GateContext
+from llama_sparse.gates.spec import Arm
+from llama_sparse.server import ServerProcess
+
+DEPTH0_TOKENS = 16
+
+
+def bound(coverage: float, t0_ms: float, tfull_ms: float) -> float:
+    return tfull_ms / (t0_ms + coverage * (tfull_ms - t0_ms))
+
+
+def prompt_tokens(server: ServerProcess, n_tokens: int) -> list[int]:
+    text = texts.text_of_tokens(texts.reference_text(), n_tokens + 16, lambda t: len(server.tokenize(t)))
+    toks = server.tokenize(text, add_special=True)[:n_tokens]
+    if len(toks) < n_tokens:
+        raise UserError(f"could not build a prompt of {n_tokens} tokens")
+    return toks
+
+
+def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict: int) -> dict:
+    """B concurrent greedy requests; the decode figures of this round from the server log."""
+    offset = server.log_size()
+    with ThreadPoolExecutor(batch) as pool:
+        futures = [pool.submit(server.complete, prompt, n_predict, ignore_eos=True) for _ in range(batch)]
+        for f in futures:
+            f.result()
+    for _ in range(200):
+        recs = [r for r in timings.parse_file(server.log_path, offset) if r.decode]
+        if len(recs) >= batch:
+            break
+        time.sleep(0.05)
+    else:
+        raise UserError(f"expected {batch} timing lines in {server.log_path}, found {len(recs)}")
+    tokens = sum(r.decode.tokens for r in recs)
+    longest_ms = max(r.decode.ms for r in recs)
+    return {"tokens": tokens, "ms": longest_ms, "tps": 1000.0 * tokens / longest_ms,
+            "ms_per_token": longest_ms / max(1, max(r.decode.tokens for r in recs)),
+            "prompt_tokens_evaluated": [r.prompt.tokens if r.prompt else 0 for r in recs]}
+
+
+def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, arms: list[Arm],
+            dense: Arm) -> list[ArmResult]:
+    """One interleaved A/B block; returns one result per arm (errors kept per arm)."""
+    spec = ctx.spec
+    n_predict = spec.n_predict
+    results = {a.name: ArmResult(a.name, model, n_ctx, cache, batch=batch) for a in arms}
+    task = ctx.progress.task(f"ab {model} @{n_ctx} {cache} B{batch}", total=len(arms) * (spec.repeats + 1) + 1)
+    with ExitStack() as stack:
+        servers: dict[str, ServerProcess] = {}
+        prompt: list[int] | None = None
+        for arm in arms:
+            try:
+                cfg = ctx.server_config(arm, model, batch * (n_ctx + n_predict + 64), cache, parallel=batch)
+                server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
+                if prompt is None:
+                    prompt = prompt_tokens(server, n_ctx)
+                decode_round(server, prompt, batch, 1)  # prefill once; later rounds reuse it
+                servers[arm.name] = server
+            except UserError as e:
+                results[arm.name].fail(str(e))
+            task.advance()
+        rounds: dict[str, list[dict]] = {a.name: [] for a in arms}
+        for r in range(spec.repeats):
+            for arm in arms:
+                if arm.name not in servers:
+                    continue
+                try:
+                    rounds[arm.name].append(decode_round(servers[arm.name], prompt, batch, n_predict))
+                except UserError as e:
+                    results[arm.name].fail(str(e))
+                    servers.pop(arm.name).stop()
+                task.advance()
+        # t_0: dense decode step time at (almost) no depth, for the bound column.
+        t0_ms = None
+        if dense.name in servers and any(a.coverage for a in arms):
+            short = [dense_round["ms_per_token"] for dense_round in
+                     (decode_round(servers[dense.name], prompt[:DEPTH0_TOKENS], 1, n_predict) for _ in range(3))]
+            t0_ms = statistics.median(short)
+        task.advance()
+
+    dense_rounds = rounds.get(dense.name, [])
+    for arm in arms:
+        res = results[arm.name]
+        res.samples = rounds[arm.name]
+        if res.error is not None:
+            continue
+        tps = [x["tps"] for x in rounds[arm.name]]
+        res.metrics = {"decode_tps_median": statistics.median(tps), "decode_tps_min": min(tps),
+                       "decode_tps_max": max(tps), "repeats": float(len(tps))}
+        if len(dense_rounds) == len(tps) and results[dense.name].error is None:
+            ratios = [x["tps"] / d["tps"] for x, d in zip(rounds[arm.name], dense_rounds)]
+            res.metrics.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+            if arm.coverage and t0_ms:
+                tfull = statistics.median(d["ms_per_token"] for d in dense_rounds)
+                b = bound(arm.coverage, t0_ms, tfull)
+                res.metrics.update(bound=b, bound_share=res.metrics["ratio_median"] / b, t0_ms=t0_ms, tfull_ms=tfull)
+        res.passed = None
+    return [results[a.name] for a in arms]
+
+
+def run(ctx: GateContext) -> None:
+    spec = ctx.spec
+    arms = ctx.arms
+    dense = next((a for a in arms if not a.sparse), None)
+    if dense is None:
+        raise UserError(f"{spec.path}: an ab gate needs a dense arm (one without sparse flags)")
+    minimum = spec.thresholds.get("min_ratio")
+    for model in spec.models:
+        for n_ctx in spec.context_lengths:
+            for cache in spec.cache_types:
+                for batch in spec.batch:
+                    for res in measure(ctx, model, n_ctx, cache, batch, arms, dense):
+                        if res.error is None and minimum is not None and res.arm != dense.name:
+                            res.passed = res.metrics.get("ratio_median", 0.0) >= minimum
+                        ctx.record(res)
+                        if res.error is None:
+                            m = res.metrics
+                            ratio = f", {m['ratio_median']:.2f}x dense" if "ratio_median" in m else ""
+                            ctx.progress.log(f"  {res.arm} {model} @{n_ctx} {cache} B{batch}: "
+                                             f"{m['decode_tps_median']:.1f} tok/s{ratio}")
+                        else:
+                            ctx.progress.log(f"  {res.arm} {model} @{n_ctx}: ERROR {res.error.splitlines()[0]}")
+    ctx.report.passed = all(r.error is None and r.passed is not False for r in ctx.report.results)

@@ -1,0 +1,77 @@
+"""Logits gate: teacher-forced agreement of each arm with the reference arm.
+
+The reference (first) arm decodes its own greedy stream after a fixed long text; every other
+arm is fed exactly that stream, so step i of every arm sees the same tokens. Per arm: top-1
+agreement, mean and max KL(reference || arm) of the next-token distributions (full vocab,
+from the logits), and the number of steps whose logits differ at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llama_sparse.errors import UserError
+from llama_sparse.gates import logitsdump, texts
+from llama_sparse.gates.report import ArmResult
+from llama_sparse.gates.runner import GateContext
+
+CHECKS = {  # threshold name -> (metric, passes(value, limit))
+    "max_kl_mean": ("kl_mean", lambda v, t: v <= t),
+    "max_kl_max": ("kl_max", lambda v, t: v <= t),
+    "min_top1": ("top1", lambda v, t: v >= t),
+    "max_diff_steps": ("diff_steps", lambda v, t: v <= t),
+}
+
+
+def run(ctx: GateContext) -> None:
+    spec = ctx.spec
+    ref = spec.reference
+    text = texts.reference_text()
+    for model in spec.models:
+        for n_ctx in spec.context_lengths:
+            prompt = ctx.out_dir / "prompts" / f"{model}-{n_ctx}.txt"
+            prompt.parent.mkdir(parents=True, exist_ok=True)
+            prompt.write_text(text[: 8 * n_ctx])
+            for cache in spec.cache_types:
+                task = ctx.progress.task(f"logits {model} @{n_ctx} {cache}", total=len(ctx.arms))
+
+                def dump(arm, force=None):
+                    req = logitsdump.DumpRequest(
+                        model=ctx.model_path(model), prompt_file=prompt, ctx_size=n_ctx, steps=spec.samples,
+                        out=ctx.out_dir / "dumps" / f"{arm.name}-{model}-{n_ctx}-{cache}.bin", variant=arm.variant,
+                        cache_type=cache, threads=spec.threads, seed=spec.seed, flags=arm.flags, force=force,
+                        prompt_tokens=n_ctx - spec.samples - 1)
+                    req.out.parent.mkdir(parents=True, exist_ok=True)
+                    ctx.build_info(arm.variant)
+                    out = logitsdump.run(req, ctx.log_path("dump", arm.name, model, n_ctx, cache))
+                    task.advance()
+                    return out
+
+                try:
+                    reference = dump(ref)
+                except UserError as e:
+                    for arm in ctx.arms:
+                        ctx.record(ArmResult(arm.name, model, n_ctx, cache).fail(f"reference arm {ref.name}: {e}"))
+                    continue
+                stream = ctx.out_dir / "dumps" / f"stream-{model}-{n_ctx}-{cache}.bin"
+                reference.tokens[:-1].astype(np.int32).tofile(stream)
+                for arm in ctx.arms:
+                    if arm is ref:
+                        continue
+                    result = ArmResult(arm.name, model, n_ctx, cache)
+                    try:
+                        other = dump(arm, force=stream)
+                    except UserError as e:
+                        ctx.record(result.fail(str(e)))
+                        continue
+                    m = logitsdump.compare(reference, other)
+                    result.metrics = {k: float(v) for k, v in m.items()}
+                    result.samples = [{"step": i, "ref_top1": int(reference.logits[i].argmax()),
+                                       "arm_top1": int(other.logits[i].argmax())}
+                                      for i in range(int(m["steps"]))]
+                    result.passed = all(check(m[metric], spec.thresholds[name])
+                                        for name, (metric, check) in CHECKS.items() if name in spec.thresholds)
+                    ctx.record(result)
+                    ctx.progress.log(f"  {arm.name}: top-1 {m['top1']:.1%}, KL mean {m['kl_mean']:.2e} "
+                                     f"max {m['kl_max']:.2e}, {m['diff_steps']} of {m['steps']} steps differ")
+    ctx.report.passed = bool(ctx.report.results) and all(r.passed for r in ctx.report.results)

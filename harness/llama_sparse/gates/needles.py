@@ -1,0 +1,86 @@
+"""niah gate: RULER needle retrieval per arm, context length and KV cache type.
+
+Samples are generated once per (model, context) with the model's own tokenizer (the server's
+/tokenize) and shared by every arm, so arms answer the same questions. Each answer is up to
+n_predict greedy tokens, scored by case-insensitive substring match. A server that dies is an
+error of that arm, with the samples answered so far kept; never a score.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from llama_sparse.errors import UserError
+from llama_sparse.gates import niah
+from llama_sparse.gates.report import ArmResult
+from llama_sparse.gates.runner import GateContext
+from llama_sparse.gates.spec import Arm
+from llama_sparse.server import ServerProcess
+
+HEADROOM = 64  # context beyond prompt + answer, so a prompt at the 2% upper edge still fits
+
+
+def server_ctx(n_ctx: int, n_predict: int) -> int:
+    return n_ctx + n_predict + HEADROOM
+
+
+def make_samples(ctx: GateContext, model: str, n_ctx: int, n_predict: int) -> list[niah.NiahSample]:
+    spec = ctx.spec
+    arm = spec.reference
+    cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), spec.cache_types[0])
+    ctx.progress.log(f"  generating {spec.samples} x {len(spec.tasks)} needles at {n_ctx} tokens for {model}")
+    with ServerProcess(cfg, ctx.log_path("tokenize", model, n_ctx)) as server:
+        def count(text: str) -> int:
+            return len(server.tokenize(text, add_special=True))
+
+        samples = [s for task in spec.tasks for s in niah.generate(task, n_ctx, spec.samples, spec.seed, count)]
+    path = ctx.out_dir / "samples" / f"{model}-{n_ctx}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(s) for s in samples], indent=1))
+    return samples
+
+
+def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_predict: int,
+           samples: list[niah.NiahSample]) -> ArmResult:
+    result = ArmResult(arm.name, model, n_ctx, cache)
+    task = ctx.progress.task(f"niah {arm.name} {model} @{n_ctx} {cache}", total=len(samples))
+    try:
+        cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), cache)
+        with ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache)) as server:
+            for s in samples:
+                out = server.complete(s.prompt, n_predict=n_predict)
+                result.samples.append({"task": s.task, "index": s.index, "depth": s.depth,
+                                       "prompt_tokens": s.prompt_tokens, "key": s.key,
+                                       "expected": list(s.values), "output": out.get("content", ""),
+                                       "score": niah.score(s, out.get("content", ""))})
+                task.advance()
+    except UserError as e:
+        return result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
+                           " they are kept in samples)")
+    scores = [x["score"] for x in result.samples]
+    result.metrics["niah"] = sum(scores) / len(scores)
+    for t in sorted({x["task"] for x in result.samples}):
+        sub = [x["score"] for x in result.samples if x["task"] == t]
+        result.metrics[f"niah:{t}"] = sum(sub) / len(sub)
+    result.metrics["samples"] = float(len(scores))
+    return result
+
+
+def run(ctx: GateContext) -> None:
+    spec = ctx.spec
+    n_predict = spec.n_predict
+    minimum = spec.thresholds.get("min_score")
+    for model in spec.models:
+        for n_ctx in spec.context_lengths:
+            samples = make_samples(ctx, model, n_ctx, n_predict)
+            for cache in spec.cache_types:
+                for arm in ctx.arms:
+                    r = answer(ctx, arm, model, n_ctx, cache, n_predict, samples)
+                    if r.error is None:
+                        r.passed = None if minimum is None else r.metrics["niah"] >= minimum
+                        found = sum(1 for x in r.samples if x["score"] == 1.0)
+                        ctx.progress.log(f"  {arm.name} {model} @{n_ctx} {cache}: niah {r.metrics['niah']:.1%} "
+                                         f"({found}/{len(r.samples)} found)")
+                    ctx.record(r)
+    ctx.report.passed = bool(ctx.report.results) and all(r.passed is not False for r in ctx.report.results)

@@ -1,0 +1,130 @@
+"""The gate runners on real builds: exact gates pass and can fail, errors are arm errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llama_sparse.gates import spec as specs
+from llama_sparse.gates.runner import run_gate
+from llama_sparse.progress import Progress
+
+pytestmark = pytest.mark.slow
+
+
+def gate(tmp_path: Path, text: str):
+    path = tmp_path / "g.yaml"
+    path.write_text(text)
+    return run_gate(specs.load(path), tmp_path / "results", progress=Progress(plain=True))
+
+
+def test_identity_gate_passes_patched_against_upstream(tmp_path: Path) -> None:
+    ctx = gate(tmp_path, """
+kind: identity
+models: [tiny-qwen3, smollm2-135m]
+context_lengths: [512]
+samples: 2
+n_predict: 8
+arms:
+  - {name: upstream, variant: upstream}
+  - {name: patched}
+""")
+    assert ctx.report.verdict() is True
+    assert [r.metrics["diff_prompts"] for r in ctx.report.results] == [0.0, 0.0]
+    data = json.loads((ctx.out_dir / "report.json").read_text())
+    assert data["builds"]["patched"]["llama_sparse"].startswith("llama-sparse")
+    assert data["builds"]["upstream"]["llama_sparse"] is None
+
+
+def test_identity_gate_fails_on_a_numeric_change(tmp_path: Path) -> None:
+    """Flash attention off computes the same model with other kernels: not bit-identical."""
+    ctx = gate(tmp_path, """
+kind: identity
+models: [smollm2-135m]
+context_lengths: [512]
+samples: 1
+n_predict: 8
+arms:
+  - {name: fa-on}
+  - {name: fa-off, flags: [-fa, "off"]}
+""")
+    assert ctx.report.verdict() is False
+    assert ctx.report.results[0].samples[0]["logits_bit_identical"] is False
+
+
+def test_logits_gate_measures_agreement(tmp_path: Path) -> None:
+    ctx = gate(tmp_path, """
+kind: logits
+models: [smollm2-135m]
+context_lengths: [1024]
+samples: 16
+arms:
+  - dense
+  - dense-again
+  - {name: fa-off, flags: [-fa, "off"]}
+thresholds: {max_diff_steps: 0}
+""")
+    same, other = ctx.report.results
+    assert same.metrics["diff_steps"] == 0 and same.metrics["kl_max"] == 0 and same.passed
+    assert other.metrics["diff_steps"] > 0 and not other.passed        # the exact gate can fail
+    assert other.metrics["top1"] >= 0.9 and other.metrics["kl_mean"] < 0.01  # but it is the same model
+
+
+def test_ab_gate_reports_ratio_and_files(tmp_path: Path) -> None:
+    ctx = gate(tmp_path, """
+kind: ab
+models: [tiny-qwen3]
+context_lengths: [512]
+repeats: 5
+n_predict: 16
+arms:
+  - dense
+  - {name: dense-again}
+""")
+    dense, again = ctx.report.results
+    assert dense.metrics["ratio_median"] == 1.0
+    assert 0.5 < again.metrics["ratio_median"] < 2.0
+    assert again.metrics["decode_tps_min"] <= again.metrics["decode_tps_median"] <= again.metrics["decode_tps_max"]
+    assert len(again.samples) == 5
+    for name in ("report.json", "report.md", "plot.png"):
+        assert (ctx.out_dir / name).is_file()
+
+
+def test_dead_server_is_an_arm_error_not_a_score(tmp_path: Path) -> None:
+    ctx = gate(tmp_path, """
+kind: niah
+models: [tiny-qwen3]
+context_lengths: [512]
+samples: 2
+n_predict: 8
+arms:
+  - dense
+  - {name: broken, flags: [--override-kv, "qwen3.block_count=int:99"]}
+""")
+    dense, broken = ctx.report.results
+    assert dense.error is None and "niah" in dense.metrics
+    assert broken.error and "exited with code" in broken.error and broken.metrics == {}
+    assert ctx.report.verdict() is False
+    data = json.loads((ctx.out_dir / "report.json").read_text())
+    assert data["results"][1]["metrics"] == {} and data["results"][1]["error"]
+    assert "ERROR" in (ctx.out_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("n_samples", [8])
+def test_dense_smollm2_finds_every_needle_at_7k(tmp_path: Path, n_samples: int) -> None:
+    """The full gate (gates/niah.yaml, 24 samples) is run by hand; CI runs a third of it."""
+    ctx = gate(tmp_path, f"""
+kind: niah
+models: [smollm2-135m]
+context_lengths: [7168]
+samples: {n_samples}
+n_predict: 128
+arms: [dense]
+thresholds: {{min_score: 1.0}}
+""")
+    (r,) = ctx.report.results
+    assert r.error is None, r.error
+    assert r.metrics["niah"] == 1.0, [s["output"] for s in r.samples if s["score"] < 1]
+    assert all(abs(s["prompt_tokens"] - 7168) <= 0.02 * 7168 for s in r.samples)
