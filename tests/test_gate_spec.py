@@ -274,7 +274,8 @@ def test_every_gate_in_the_repository_loads() -> None:
     specs = {s.name: s for s in discover(GATES_DIR)}
     assert len(specs) == len(files)
     assert specs["identity"].kind == "identity"
-    assert [a.variant for a in specs["identity"].arms] == ["upstream", "patched"]
+    assert [a.variant for a in specs["identity"].arms] == ["upstream", "patched", "patched"]
+    assert specs["identity"].arms[2].sparse  # the select-all anchor
     assert specs["niah"].thresholds == {"min_score": 1.0} and specs["niah"].n_predict == 128
     assert specs["ab"].repeats >= 5 and specs["ab"].context_lengths == (2048, 4096, 8192)
     assert [a.name for a in specs["logits"].arms] == ["dense", "dense-again"]

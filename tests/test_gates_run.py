@@ -20,21 +20,27 @@ def gate(tmp_path: Path, text: str):
     return run_gate(specs.load(path), tmp_path / "results", progress=Progress(plain=True))
 
 
-def test_identity_gate_passes_patched_against_upstream(tmp_path: Path) -> None:
+def test_identity_gate_passes_patched_and_anchor_against_upstream(tmp_path: Path) -> None:
+    """Sparse off, and sparse selecting every block, both decode bit for bit like upstream."""
     ctx = gate(tmp_path, """
 kind: identity
 models: [tiny-qwen3, smollm2-135m]
-context_lengths: [512]
+context_lengths: [1024]
 samples: 2
 n_predict: 8
 arms:
   - {name: upstream, variant: upstream}
   - {name: patched}
+  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
 """)
     assert ctx.report.verdict() is True
-    assert [r.metrics["diff_prompts"] for r in ctx.report.results] == [0.0, 0.0]
+    assert [r.metrics["diff_prompts"] for r in ctx.report.results] == [0.0] * 4
     data = json.loads((ctx.out_dir / "report.json").read_text())
     assert data["builds"]["patched"]["llama_sparse"].startswith("llama-sparse")
+    # the anchor arm really ran sparse: its logs show the bounds and the selection being built
+    anchor_logs = list((ctx.out_dir / "logs").glob("server-anchor-*.log"))
+    assert anchor_logs and all("sparse-attention key bounds" in p.read_text() for p in anchor_logs)
+    assert all("sparse-attention key bounds" not in p.read_text() for p in (ctx.out_dir / "logs").glob("server-patched-*.log"))
     assert data["builds"]["upstream"]["llama_sparse"] is None
 
 
@@ -72,18 +78,39 @@ thresholds: {max_diff_steps: 0}
     assert other.metrics["top1"] >= 0.9 and other.metrics["kl_mean"] < 0.01  # but it is the same model
 
 
+def test_identity_gate_fails_when_sparse_skips_blocks(tmp_path: Path) -> None:
+    """A real selection changes the logits: the anchor test above is not passing by accident."""
+    ctx = gate(tmp_path, """
+kind: identity
+models: [smollm2-135m]
+context_lengths: [2048]
+samples: 1
+n_predict: 8
+arms:
+  - {name: dense}
+  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25"]}
+""")
+    assert ctx.report.verdict() is False
+    assert ctx.report.results[0].samples[0]["logits_bit_identical"] is False
+
+
 def test_ab_gate_reports_ratio_and_files(tmp_path: Path) -> None:
     ctx = gate(tmp_path, """
 kind: ab
 models: [tiny-qwen3]
-context_lengths: [512]
+context_lengths: [2048]
 repeats: 5
 n_predict: 16
 arms:
   - dense
   - {name: dense-again}
+  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25"]}
 """)
-    dense, again = ctx.report.results
+    dense, again, sparse = ctx.report.results
+    # the server log says how much of the KV the sparse decode read: about the coverage
+    assert 0.2 <= sparse.metrics["read_fraction"] <= 0.45, sparse.metrics
+    assert "read_fraction" not in dense.metrics
+    assert sparse.metrics["bound"] > 1.0 and "bound_share" in sparse.metrics
     assert dense.metrics["ratio_median"] == 1.0
     assert 0.5 < again.metrics["ratio_median"] < 2.0
     assert again.metrics["decode_tps_min"] <= again.metrics["decode_tps_median"] <= again.metrics["decode_tps_max"]

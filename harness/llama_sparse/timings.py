@@ -10,6 +10,7 @@ bodies corrupted under load). A request's block looks like (from a real run, see
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ _SLOT = re.compile(r"print_timing: id\s+(\d+) \| task (\d+)")
 _EVAL = re.compile(
     rf"(prompt eval|eval) time =\s+{_NUM} ms /\s+(\d+) (?:tokens|runs)\s+\(\s*{_NUM} ms per token,\s+{_NUM} tokens per second\)")
 _TOTAL = re.compile(rf"total time =\s+{_NUM} ms /\s+(\d+) tokens")
+_SPARSE = re.compile(rf"sparse attention: decode read\s+{_NUM}% of the visible KV blocks \((\d+) of (\d+) block reads\)")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class RequestTiming:
     prompt: EvalTiming | None
     decode: EvalTiming | None
     total_ms: float | None = None
+    sparse_read_fraction: float | None = None   # block-sparse: KV blocks read / visible, decode steps
 
 
 def parse(text: str) -> list[RequestTiming]:
@@ -59,6 +62,12 @@ def parse(text: str) -> list[RequestTiming]:
         if t and key in open_:
             parts = open_.pop(key)
             out.append(RequestTiming(key[0], key[1], parts.get("prompt"), parts.get("decode"), float(t.group(1))))
+            continue
+        sp = _SPARSE.search(line)
+        if sp and out and (out[-1].slot, out[-1].task) == key:
+            # printed after the request's total line
+            read, visible = int(sp.group(2)), int(sp.group(3))
+            out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible)
     return out
 
 

@@ -1,7 +1,7 @@
 """ab gate: same-run decode A/B of every arm against dense.
 
 For each (model, context, KV type, batch B) every arm gets its own server (--parallel B) and
-the same prompt of exactly `context` tokens, prefilled once and then reused from the prompt
+the same prompt of exactly `context - n_predict - 1` tokens (so decode ends at depth `context`), prefilled once and then reused from the prompt
 cache, so a repeat costs only decode. The arms run interleaved, A B A B ..., `repeats` times;
 decode tokens/s is read from each server's `eval time` log line (never from the HTTP reply).
 With B > 1 the B streams run concurrently and the aggregate is their tokens over the longest
@@ -58,11 +58,15 @@ def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict
         time.sleep(0.05)
     else:
         raise UserError(f"expected {batch} timing lines in {server.log_path}, found {len(recs)}")
+    time.sleep(0.05)  # the sparse-read line follows the timing block
+    recs = [r for r in timings.parse_file(server.log_path, offset) if r.decode]
+    fractions = [r.sparse_read_fraction for r in recs if r.sparse_read_fraction is not None]
     tokens = sum(r.decode.tokens for r in recs)
     longest_ms = max(r.decode.ms for r in recs)
-    return {"tokens": tokens, "ms": longest_ms, "tps": 1000.0 * tokens / longest_ms,
+    return {"tokens": tokens, "ms": longest_ms, "tps": 1000.0 * tokens / longest_ms if longest_ms > 0 else 0.0,
             "ms_per_token": longest_ms / max(1, max(r.decode.tokens for r in recs)),
-            "prompt_tokens_evaluated": [r.prompt.tokens if r.prompt else 0 for r in recs]}
+            "prompt_tokens_evaluated": [r.prompt.tokens if r.prompt else 0 for r in recs],
+            "read_fraction": statistics.mean(fractions) if fractions else None}
 
 
 def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, arms: list[Arm],
@@ -77,10 +81,12 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
         prompt: list[int] | None = None
         for arm in arms:
             try:
-                cfg = ctx.server_config(arm, model, batch * (n_ctx + n_predict + 64), cache, parallel=batch)
+                # the decode steps end at depth n_ctx: models are served at most at their
+                # training context, so "8K" on an 8K model must fit prompt and answer in 8192
+                cfg = ctx.server_config(arm, model, batch * n_ctx, cache, parallel=batch)
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
                 if prompt is None:
-                    prompt = prompt_tokens(server, n_ctx)
+                    prompt = prompt_tokens(server, n_ctx - n_predict - 1)
                 decode_round(server, prompt, batch, 1)  # prefill once; later rounds reuse it
                 servers[arm.name] = server
             except UserError as e:
@@ -114,6 +120,9 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
         tps = [x["tps"] for x in rounds[arm.name]]
         res.metrics = {"decode_tps_median": statistics.median(tps), "decode_tps_min": min(tps),
                        "decode_tps_max": max(tps), "repeats": float(len(tps))}
+        fractions = [x["read_fraction"] for x in rounds[arm.name] if x["read_fraction"] is not None]
+        if fractions:
+            res.metrics["read_fraction"] = statistics.median(fractions)
         if len(dense_rounds) == len(tps) and results[dense.name].error is None:
             ratios = [x["tps"] / d["tps"] for x, d in zip(rounds[arm.name], dense_rounds)]
             res.metrics.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))

@@ -9,6 +9,7 @@ error of that arm, with the samples answered so far kept; never a score.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from llama_sparse.errors import UserError
@@ -42,19 +43,26 @@ def make_samples(ctx: GateContext, model: str, n_ctx: int, n_predict: int) -> li
 
 
 def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_predict: int,
-           samples: list[niah.NiahSample]) -> ArmResult:
-    result = ArmResult(arm.name, model, n_ctx, cache)
-    task = ctx.progress.task(f"niah {arm.name} {model} @{n_ctx} {cache}", total=len(samples))
+           samples: list[niah.NiahSample], batch: int = 1) -> ArmResult:
+    """Every sample answered by one server; with batch B > 1, B requests at a time (--parallel B)."""
+    result = ArmResult(arm.name, model, n_ctx, cache, batch=batch)
+    task = ctx.progress.task(f"niah {arm.name} {model} @{n_ctx} {cache} B{batch}", total=len(samples))
     try:
-        cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), cache)
-        with ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache)) as server:
-            for s in samples:
-                out = server.complete(s.prompt, n_predict=n_predict)
-                result.samples.append({"task": s.task, "index": s.index, "depth": s.depth,
-                                       "prompt_tokens": s.prompt_tokens, "key": s.key,
-                                       "expected": list(s.values), "output": out.get("content", ""),
-                                       "score": niah.score(s, out.get("content", ""))})
+        cfg = ctx.server_config(arm, model, batch * server_ctx(n_ctx, n_predict), cache, parallel=batch)
+        with ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache, f"B{batch}")) as server:
+            def one(s: niah.NiahSample) -> dict:
+                out = server.complete(s.prompt, n_predict=n_predict).get("content", "")
                 task.advance()
+                return {"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
+                        "key": s.key, "expected": list(s.values), "output": out, "score": niah.score(s, out)}
+
+            if batch == 1:
+                for s in samples:
+                    result.samples.append(one(s))
+            else:
+                with ThreadPoolExecutor(batch) as pool:
+                    for rec in pool.map(one, samples):
+                        result.samples.append(rec)
     except UserError as e:
         return result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
                            " they are kept in samples)")
@@ -76,11 +84,24 @@ def run(ctx: GateContext) -> None:
             samples = make_samples(ctx, model, n_ctx, n_predict)
             for cache in spec.cache_types:
                 for arm in ctx.arms:
-                    r = answer(ctx, arm, model, n_ctx, cache, n_predict, samples)
-                    if r.error is None:
-                        r.passed = None if minimum is None else r.metrics["niah"] >= minimum
-                        found = sum(1 for x in r.samples if x["score"] == 1.0)
-                        ctx.progress.log(f"  {arm.name} {model} @{n_ctx} {cache}: niah {r.metrics['niah']:.1%} "
-                                         f"({found}/{len(r.samples)} found)")
-                    ctx.record(r)
+                    alone: ArmResult | None = None
+                    for batch in spec.batch:
+                        r = answer(ctx, arm, model, n_ctx, cache, n_predict, samples, batch)
+                        if r.error is None:
+                            r.passed = None if minimum is None else r.metrics["niah"] >= minimum
+                            if batch == 1:
+                                alone = r
+                            elif alone is not None:
+                                # the bar under load: every needle found alone is found again
+                                found_alone = {x["index"] for x in alone.samples if x["score"] == 1.0}
+                                lost = sorted(x["index"] for x in r.samples
+                                              if x["index"] in found_alone and x["score"] < 1.0)
+                                same = sum(a["output"] == b["output"] for a, b in zip(alone.samples, r.samples))
+                                r.metrics["lost_under_load"] = float(len(lost))
+                                r.metrics["same_answer_share"] = same / len(r.samples)
+                                r.passed = (r.passed is not False) and not lost
+                            found = sum(1 for x in r.samples if x["score"] == 1.0)
+                            ctx.progress.log(f"  {arm.name} {model} @{n_ctx} {cache} B{batch}: niah "
+                                             f"{r.metrics['niah']:.1%} ({found}/{len(r.samples)} found)")
+                        ctx.record(r)
     ctx.report.passed = bool(ctx.report.results) and all(r.passed is not False for r in ctx.report.results)

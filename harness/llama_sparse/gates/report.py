@@ -250,7 +250,7 @@ def format_metric(name: str, value: Any) -> str:
     if "tps" in n or n.endswith("_per_s"):
         return f"{value:.1f}"
     if n in ("niah", "score", "top1", "bound_share") or n.startswith(("niah", "score", "top1")) \
-            or n.endswith(("_score", "_share", "_top1", "_frac")):
+            or n.endswith(("_score", "_share", "_top1", "_frac", "_fraction")):
         pct = value * 100
         return f"{pct:.0f}%" if abs(pct - round(pct)) < 1e-9 else f"{pct:.1f}%"
     if "kl" in n.split("_"):

@@ -122,7 +122,7 @@ class GateSpec:
     tasks: tuple[str, ...] = ("niah_single_1",)  # niah only
     repeats: int = 5                            # ab only, >= 5
     n_predict: int = 64                         # tokens decoded per request (niah: 128 by default)
-    batch: tuple[int, ...] = (1,)               # ab: concurrent streams per arm (--parallel B)
+    batch: tuple[int, ...] = (1,)               # ab, niah: concurrent streams / requests per arm (--parallel B)
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -480,7 +480,7 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
             "samples", "tasks", "repeats", "n_predict", "batch", "seed", "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
-KIND_ONLY = {"tasks": ("niah",), "repeats": ("ab",), "batch": ("ab",)}
+KIND_ONLY = {"tasks": ("niah",), "repeats": ("ab",), "batch": ("ab", "niah")}
 MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1}
 
 
