@@ -36,7 +36,3 @@ def text_of_tokens(text: str, n_tokens: int, count_tokens: Callable[[str], int],
             hi = mid
     return body[:lo]
 
-
-def rough_tokens(text: str) -> int:
-    """A safe over-estimate of the token count when no tokenizer is at hand (about 3 chars each)."""
-    return len(text) // 3 + 1
