@@ -169,7 +169,9 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"models": ["gpt-5"]}, "'gpt-5' is not a known model"),
     ({"thresholds": {"min_ratio": -1}}, "min_ratio: -1 is out of range"),
     ({"thresholds": {"min_ratio": "fast"}}, "min_ratio: must be a number"),
-    ({"tasks": ["niah_single_1"]}, "tasks: applies to kind niah only"),
+    ({"tasks": ["niah_single_1"]}, "tasks: applies to kind niah or load only"),
+    ({"clients": 8}, "clients: applies to kind load only"),
+    ({"time_limit": 60}, "time_limit: applies to kind load only"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "tasks": ["niah_x"]}, "'niah_x' is not a known niah task"),
     ({"kind": "niah", "repeats": 1, "thresholds": {"min_score": 1.5}}, "min_score: 1.5 is out of range"),
     ({"description": ["a"]}, "description: must be a string"),
@@ -288,3 +290,31 @@ def test_discover_refuses_the_same_gate_name_twice(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         discover(tmp_path)
     assert "gate 'one' is also defined in" in str(info.value)
+
+
+def test_load_kind_reads_its_keys(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, """\
+        kind: load
+        models: [smollm2-135m]
+        context_lengths: [2048]
+        batch: [4]
+        clients: 8
+        requests: 300
+        time_limit: 900
+        arms: [dense]
+        """))
+    assert (spec.kind, spec.batch, spec.clients, spec.requests, spec.time_limit) == ("load", (4,), 8, 300, 900.0)
+
+
+def test_load_kind_refuses_bad_values(tmp_path: Path) -> None:
+    msg = refused(tmp_path, """\
+        kind: load
+        models: [smollm2-135m]
+        context_lengths: [2048]
+        batch: [1, 4]
+        clients: 0
+        time_limit: -5
+        arms: [dense]
+        """)
+    assert "batch: kind load takes one value" in msg
+    assert "clients:" in msg and "time_limit: must be a positive number of seconds" in msg

@@ -14,11 +14,17 @@ BAD_VALUES = [
     (["--sparse-attn", "maybe"], "--sparse-attn takes off, on or auto"),
     (["--sparse-attn-block-size", "48"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 48"),
     (["--sparse-attn-block-size", "8192"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 8192"),
+    (["--sparse-attn-block-size", "4128"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 4128"),
+    (["--sparse-attn-block-size", "0"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 0"),
+    (["--sparse-attn-topk", "1048577"], "--sparse-attn-topk must be in [1, 1048576], got 1048577"),
     (["--sparse-attn-topk", "0"], "--sparse-attn-topk must be in [1, 1048576], got 0"),
     (["--sparse-attn-coverage", "0"], "--sparse-attn-coverage must be a number in (0, 1], got '0'"),
     (["--sparse-attn-coverage", "1.5"], "--sparse-attn-coverage must be a number in (0, 1], got '1.5'"),
     (["--sparse-attn-coverage", "half"], "--sparse-attn-coverage must be a number in (0, 1], got 'half'"),
     (["--sparse-attn-recent", "-1"], "--sparse-attn-recent must be in [0, 1048576], got -1"),
+    (["--sparse-attn-recent", "1048577"], "--sparse-attn-recent must be in [0, 1048576], got 1048577"),
+    (["--sparse-attn-sink", "1048577"], "--sparse-attn-sink must be in [0, 1048576], got 1048577"),
+    (["--sparse-attn-min-kv", "16777217"], "--sparse-attn-min-kv must be in [0, 16777216], got 16777217"),
     (["--sparse-attn-sink", "-4"], "--sparse-attn-sink must be in [0, 1048576], got -4"),
     (["--sparse-attn-min-kv", "-1"], "--sparse-attn-min-kv must be in [0, 16777216], got -1"),
     (["--sparse-attn", "on", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
@@ -80,3 +86,53 @@ def test_help_lists_every_flag() -> None:
     for flag in ("--sparse-attn ", "--sparse-attn-block-size", "--sparse-attn-topk", "--sparse-attn-coverage",
                  "--sparse-attn-recent", "--sparse-attn-sink", "--sparse-attn-min-kv"):
         assert flag in text, flag
+
+
+# the edges of every range are accepted, and the model decodes with them
+EDGE_VALUES = [
+    ["--sparse-attn-block-size", "32"], ["--sparse-attn-block-size", "4096"],
+    ["--sparse-attn-topk", "1"], ["--sparse-attn-topk", "1048576"],
+    ["--sparse-attn-coverage", "1"], ["--sparse-attn-coverage", "0.001"],
+    ["--sparse-attn-recent", "0"], ["--sparse-attn-recent", "1048576"],
+    ["--sparse-attn-sink", "0"], ["--sparse-attn-sink", "1048576"],
+    ["--sparse-attn-min-kv", "0"], ["--sparse-attn-min-kv", "16777216"],
+]
+
+
+@pytest.mark.parametrize("args", EDGE_VALUES, ids=[" ".join(a) for a in EDGE_VALUES])
+def test_range_edges_accepted(args: list[str], tiny_qwen3, tmp_path) -> None:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("The grass is green. " * 60)
+    mode = "auto" if args[0] == "--sparse-attn-min-kv" else "on"
+    proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "1024",
+                           "-fa", "on", "--sparse-attn", mode, *args, "--dump-steps", "2",
+                           "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "wrote 3 rows" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_mamba(tmp_path_factory) -> "Path":
+    from tiny_mamba import write_tiny_mamba
+
+    return write_tiny_mamba(tmp_path_factory.mktemp("mamba") / "tiny-mamba.gguf")
+
+
+def test_model_the_method_cannot_serve_is_refused_naming_the_limit(tiny_mamba) -> None:
+    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_mamba), "--sparse-attn", "on", "--port", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert ("block-sparse attention cannot serve this model: its memory is not a plain attention KV cache "
+            "(recurrent or hybrid models are not supported)") in proc.stderr
+    assert "with --sparse-attn auto such a model decodes dense" in proc.stderr
+
+
+def test_auto_serves_such_a_model_dense(tiny_mamba, start_server) -> None:
+    from llama_sparse.server import ServerConfig
+
+    server = start_server(ServerConfig(model=tiny_mamba, ctx_size=512, extra_args=["--sparse-attn", "auto"]))
+    out = server.complete("hello world", n_predict=4)
+    assert out["tokens_predicted"] == 4
+    log = server.log_path.read_text()
+    assert "sparse_attn = auto (--sparse-attn auto): block-sparse attention cannot serve this model" in log
+    assert "decoding dense" in log and "sparse-attention key bounds" not in log

@@ -20,7 +20,10 @@ from llama_sparse.gitrepo import GitRepo
 from llama_sparse.project import Project
 from llama_sparse.vendor import UPSTREAM_TAG
 
-DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops", "llama-sparse-logits")
+DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops", "ggml-rpc-server",
+                   "llama-sparse-logits", "llama-sparse-cachecheck")
+# tools that call the patched API, so the unpatched (identity gate) build leaves them out
+PATCHED_ONLY_TARGETS = ("llama-sparse-cachecheck",)
 
 
 @dataclass
@@ -89,8 +92,9 @@ def build(project: Project, cfg: BuildConfig, log=print) -> Path:
     env = {**os.environ, "CCACHE_BASEDIR": str(project.root)}
     log(f"configuring {cfg.variant} build in {out}")
     _run(configure, env, "cmake configure")
-    log(f"building {', '.join(cfg.targets)} with {cfg.jobs} jobs")
-    _run(["cmake", "--build", str(out), "-j", str(cfg.jobs), "--target", *cfg.targets], env, "cmake build")
+    targets = [t for t in cfg.targets if cfg.variant == "patched" or t not in PATCHED_ONLY_TARGETS]
+    log(f"building {', '.join(targets)} with {cfg.jobs} jobs")
+    _run(["cmake", "--build", str(out), "-j", str(cfg.jobs), "--target", *targets], env, "cmake build")
     return out / "bin"
 
 

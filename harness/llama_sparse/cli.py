@@ -77,6 +77,20 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fuzz(args: argparse.Namespace) -> int:
+    from llama_sparse import fuzz
+
+    project = Project.find()
+    binary = fuzz.build(project, jobs=args.jobs)
+    print(f"running {args.cases} cases (seed {args.seed}) under ASan + UBSan")
+    r = fuzz.run(binary, cases=args.cases, seed=args.seed, threads=args.threads)
+    sys.stdout.write(r.output if not r.ok else "\n".join(
+        line for line in r.output.splitlines() if line.startswith("fuzz:")) + "\n")
+    if r.sanitizer_report:
+        print("llama-sparse: a sanitizer reported an error (above)", file=sys.stderr)
+    return 0 if r.ok else 1
+
+
 def _cmd_ctest(args: argparse.Namespace) -> int:
     from llama_sparse import ctest
 
@@ -170,6 +184,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="A/B repeats (at least 5)")
     p.add_argument("--out", help="results folder (default: results/)")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("fuzz", help="fuzz the block-sparse CPU kernels under ASan and UBSan (builds build/fuzz)")
+    p.add_argument("--cases", type=int, default=300)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threads", type=int, default=4, help="threads of the optimized run")
+    p.add_argument("--jobs", type=int, default=2, help="build jobs")
+    p.set_defaults(func=_cmd_fuzz)
 
     p = sub.add_parser("ctest", help="run upstream's CPU unit tests on the patched build")
     p.set_defaults(func=_cmd_ctest)

@@ -170,6 +170,18 @@ class ServerProcess:
             raise ServerError(f"{method} {path} -> HTTP {r.status_code}: {r.text[:500]}")
         return r.json()
 
+    def post_raw(self, path: str, body: dict[str, Any], timeout: float = 3600) -> tuple[int, str]:
+        """POST without judging the answer: (HTTP status, body text), for load tests that count
+        errors. Thread-safe (a session per call). A refused or dropped connection raises
+        ServerError, with the log tail when the process is gone."""
+        try:
+            with requests.Session() as session:
+                r = session.post(f"{self.url}{path}", json=body, timeout=timeout)
+        except requests.RequestException as e:
+            self._raise_if_dead(f"during POST {path}")
+            raise ServerError(f"POST {path} failed: {e}\n" + self.log_tail()) from e
+        return r.status_code, r.text
+
     def props(self) -> dict[str, Any]:
         return self.request("GET", "/props")
 

@@ -85,9 +85,9 @@ def _sha256(path: Path) -> str:
 
 
 def kind_module(kind: str):
-    from llama_sparse.gates import ab, identity, logits, needles
+    from llama_sparse.gates import ab, identity, load, logits, needles
 
-    modules = {"identity": identity, "logits": logits, "niah": needles, "ab": ab}
+    modules = {"identity": identity, "logits": logits, "niah": needles, "ab": ab, "load": load}
     if kind not in modules:
         raise UserError(f"no runner for gate kind '{kind}'")
     return modules[kind]

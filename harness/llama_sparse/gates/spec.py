@@ -4,7 +4,7 @@ A gate file looks like this (every key but `kind`, `models`, `context_lengths` a
 is optional)::
 
     # what the gate checks, in a comment
-    kind: niah                      # identity | niah | logits | ab
+    kind: niah                      # identity | niah | logits | ab | load
     description: the dense path still finds the needle at 7K
     models: [smollm2-135m]          # model names, or paths to .gguf files (relative to this file)
     context_lengths: [7168]         # tokens; "8K" means 8192
@@ -39,7 +39,7 @@ import yaml
 from llama_sparse.errors import UserError
 from llama_sparse.models import MODEL_NAMES as KNOWN_MODELS
 
-KINDS = ("identity", "niah", "logits", "ab")
+KINDS = ("identity", "niah", "logits", "ab", "load")
 VARIANTS = ("patched", "upstream")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 NIAH_TASKS = ("niah_single_1", "niah_multikey_1", "niah_multivalue")
@@ -75,6 +75,9 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
         "min_ratio": Threshold("median decode speed of a sparse arm over the dense one", 0, low_open=True),
         "min_bound_share": Threshold("share of the coverage bound a sparse arm reaches", 0, 1),
     },
+    # load passes only with no 5xx, no parse error, no crash, a timing line per request and no
+    # needle lost; nothing to tune
+    "load": {},
 }
 
 # Flags the harness derives from the gate itself; an arm setting them would fight it.
@@ -112,7 +115,7 @@ class Arm:
 class GateSpec:
     path: Path
     name: str                                   # defaults to the file stem
-    kind: str                                   # identity | niah | logits | ab
+    kind: str                                   # identity | niah | logits | ab | load
     description: str = ""
     models: tuple[str, ...]                     # model names or absolute paths to .gguf files
     context_lengths: tuple[int, ...]            # in tokens
@@ -122,7 +125,11 @@ class GateSpec:
     tasks: tuple[str, ...] = ("niah_single_1",)  # niah only
     repeats: int = 5                            # ab only, >= 5
     n_predict: int = 64                         # tokens decoded per request (niah: 128 by default)
-    batch: tuple[int, ...] = (1,)               # ab, niah: concurrent streams / requests per arm (--parallel B)
+    batch: tuple[int, ...] = (1,)               # ab, niah: concurrent streams / requests per arm (--parallel B);
+                                                # load: the server's slots (one value)
+    clients: int = 8                            # load: concurrent clients
+    requests: int = 200                         # load: requests sent under load, at most
+    time_limit: float = 900.0                   # load: seconds; no request is sent after it
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -146,7 +153,8 @@ class GateSpec:
             "context_lengths": list(self.context_lengths), "cache_types": list(self.cache_types),
             "arms": [a.to_dict() for a in self.arms], "samples": self.samples,
             "tasks": list(self.tasks), "repeats": self.repeats, "n_predict": self.n_predict,
-            "batch": list(self.batch), "seed": self.seed, "threads": self.threads,
+            "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
+            "time_limit": self.time_limit, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 
@@ -478,10 +486,12 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
 # --- the gate ----------------------------------------------------------------------------------
 
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
-            "samples", "tasks", "repeats", "n_predict", "batch", "seed", "threads", "thresholds")
+            "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
+            "seed", "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
-KIND_ONLY = {"tasks": ("niah",), "repeats": ("ab",), "batch": ("ab", "niah")}
-MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1}
+KIND_ONLY = {"tasks": ("niah", "load"), "repeats": ("ab",), "batch": ("ab", "niah", "load"),
+             "clients": ("load",), "requests": ("load",), "time_limit": ("load",)}
+MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1}
 
 
 def load(path: Path) -> GateSpec:
@@ -546,9 +556,17 @@ def load(path: Path) -> GateSpec:
     if "batch" in data:
         values["batch"] = _unique_list(ck, data, "batch", _positive_item, "positive integers")
 
-    for key in ("samples", "n_predict"):
+    for key in ("samples", "n_predict", "clients", "requests"):
         if key in data:
             values[key] = _positive_int(ck, data, key)
+    if "time_limit" in data:
+        t = _as_float(data["time_limit"])
+        if t is None or not math.isfinite(t) or t <= 0:
+            ck.fail(lines["time_limit"], f"time_limit: must be a positive number of seconds, not {data['time_limit']!r}")
+        else:
+            values["time_limit"] = t
+    if kind == "load" and "batch" in data and isinstance(values.get("batch"), tuple) and len(values["batch"]) != 1:
+        ck.fail(lines["batch"], "batch: kind load takes one value, the server's --parallel slots")
     if "repeats" in data:
         if kind == "ab":
             values["repeats"] = _positive_int(

@@ -1,0 +1,245 @@
+// llama-sparse-cachecheck: the KV cache life cycle with block-sparse attention, step by step.
+//
+// The key bounds are a second copy of what the K cache holds, so every operation that changes
+// the cache without going through a decode (prompt-cache reuse, sequence removal, context
+// shift, slot save and restore, keeping one sequence) could leave them stale. This tool runs
+// each of those operations the way llama-server does, teacher-forced on a fixed text so that two
+// runs see the same tokens, and prints one JSON object:
+//
+//   {"scenarios": [{"name": ..., "steps": ["<fnv64 of the logits bytes>", ...],
+//                   "argmax": [...], "checks": [{"after": ..., "blocks": N, "loose": N, "short": N}]}]}
+//
+// Two runs compared step by step tell whether the logits are bit-identical (dense against a
+// select-all sparse run); the checks (sparse runs only) count blocks whose bounds hold a key no
+// cell holds (loose: stale) or miss a key a cell holds (short: unsound), both must stay 0.
+//
+//   llama-sparse-cachecheck -m MODEL -f TEXT.txt -c N [llama.cpp flags] [--cc-prompt-tokens P] [--cc-steps K]
+
+#include "arg.h"
+#include "common.h"
+#include "llama.h"
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct runner {
+    llama_context * ctx;
+    llama_memory_t  mem;
+    int             n_vocab;
+    int             n_batch;
+    std::vector<std::string> steps, checks;
+    std::vector<llama_token> argmax;
+
+    static uint64_t fnv64(const float * x, size_t n) {
+        uint64_t h = 1469598103934665603ULL;
+        const auto * p = reinterpret_cast<const uint8_t *>(x);
+        for (size_t i = 0; i < n*sizeof(float); ++i) {
+            h = (h ^ p[i]) * 1099511628211ULL;
+        }
+        return h;
+    }
+
+    // decode tokens of seq at positions pos0.., in n_batch chunks; logits of the last one only
+    void feed(llama_seq_id seq, const llama_token * toks, int n, llama_pos pos0) {
+        llama_batch batch = llama_batch_init(n_batch, 0, 1);
+        for (int i = 0; i < n; i += n_batch) {
+            const int m = std::min(n_batch, n - i);
+            batch.n_tokens = m;
+            for (int j = 0; j < m; ++j) {
+                batch.token[j]     = toks[i + j];
+                batch.pos[j]       = pos0 + i + j;
+                batch.n_seq_id[j]  = 1;
+                batch.seq_id[j][0] = seq;
+                batch.logits[j]    = i + j == n - 1;
+            }
+            if (llama_decode(ctx, batch) != 0) {
+                llama_batch_free(batch);
+                throw std::runtime_error("llama_decode failed at position " + std::to_string(pos0 + i));
+            }
+        }
+        llama_batch_free(batch);
+    }
+
+    // one decode step per token, each step's logits recorded
+    void decode(llama_seq_id seq, const llama_token * toks, int n, llama_pos pos0) {
+        for (int i = 0; i < n; ++i) {
+            feed(seq, toks + i, 1, pos0 + i);
+            const float * logits = llama_get_logits_ith(ctx, -1);
+            char buf[32];
+            snprintf(buf, sizeof(buf), "\"%016" PRIx64 "\"", fnv64(logits, n_vocab));
+            steps.push_back(buf);
+            llama_token best = 0;
+            for (int v = 1; v < n_vocab; ++v) { if (logits[v] > logits[best]) { best = v; } }
+            argmax.push_back(best);
+        }
+    }
+
+    void check(const char * after) {
+        uint64_t n_blocks = 0, n_loose = 0, n_short = 0;
+        if (!llama_sparse_attn_check_bounds(ctx, &n_blocks, &n_loose, &n_short)) {
+            return;
+        }
+        char buf[160];
+        snprintf(buf, sizeof(buf), "{\"after\": \"%s\", \"blocks\": %" PRIu64 ", \"loose\": %" PRIu64 ", \"short\": %" PRIu64 "}",
+                 after, n_blocks, n_loose, n_short);
+        checks.push_back(buf);
+        fprintf(stderr, "cachecheck: after %-28s blocks %6" PRIu64 "  loose %4" PRIu64 "  short %4" PRIu64 "\n", after, n_blocks, n_loose, n_short);
+    }
+
+    void begin() {
+        llama_memory_clear(mem, true);
+        steps.clear(); checks.clear(); argmax.clear();
+    }
+
+    std::string end(const char * name) {
+        auto join = [](const std::vector<std::string> & v) {
+            std::string s;
+            for (size_t i = 0; i < v.size(); ++i) { s += (i ? ", " : "") + v[i]; }
+            return s;
+        };
+        std::vector<std::string> am;
+        for (auto t : argmax) { am.push_back(std::to_string(t)); }
+        return std::string("{\"name\": \"") + name + "\", \"steps\": [" + join(steps) + "], \"argmax\": [" + join(am) +
+               "], \"checks\": [" + join(checks) + "]}";
+    }
+};
+
+void usage(int, char ** argv) {
+    fprintf(stderr, "usage: %s -m MODEL -f TEXT -c N [--cc-prompt-tokens P] [--cc-steps K] [llama.cpp flags]\n", argv[0]);
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    int P = 1500, K = 8;
+    std::vector<char *> rest = {argv[0]};
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if ((a == "--cc-prompt-tokens" || a == "--cc-steps") && i + 1 >= argc) {
+            fprintf(stderr, "error: %s needs a value\n", a.c_str());
+            return 2;
+        }
+        if (a == "--cc-prompt-tokens") { P = std::atoi(argv[++i]); }
+        else if (a == "--cc-steps") { K = std::atoi(argv[++i]); }
+        else { rest.push_back(argv[i]); }
+    }
+    if (P < 256 || K < 1) {
+        fprintf(stderr, "error: --cc-prompt-tokens must be at least 256 and --cc-steps at least 1\n");
+        return 2;
+    }
+
+    common_params params;
+    if (!common_params_parse((int) rest.size(), rest.data(), params, LLAMA_EXAMPLE_COMMON, usage)) {
+        return 2;
+    }
+    // two sequences in one stream, as llama-server's slots share it: removing one of them
+    // frees cells inside blocks the other still uses
+    params.n_parallel = 2;
+    params.kv_unified = true;
+    common_init();
+    llama_backend_init();
+
+    auto init = common_init_from_params(params);
+    llama_context * ctx = init->context();
+    llama_model * model = init->model();
+    if (!ctx || !model) { fprintf(stderr, "error: failed to load the model\n"); return 1; }
+
+    const std::vector<llama_token> text = common_tokenize(ctx, params.prompt, true, true);
+    const int need = 3*P + 4*K;
+    if ((int) text.size() < need) {
+        fprintf(stderr, "error: the text has %zu tokens, the scenarios need %d (3 x --cc-prompt-tokens + 4 x --cc-steps)\n", text.size(), need);
+        return 2;
+    }
+    if ((int) llama_n_ctx(ctx) < 2*P + 4*K) {
+        fprintf(stderr, "error: -c %u is too small: the scenarios need %d\n", llama_n_ctx(ctx), 2*P + 4*K);
+        return 2;
+    }
+
+    runner r{ctx, llama_get_memory(ctx), llama_vocab_n_tokens(llama_model_get_vocab(model)), (int) llama_n_batch(ctx), {}, {}, {}};
+    const llama_token * T = text.data();
+    std::vector<std::string> out;
+
+    try {
+        // prompt-cache reuse: a second prompt shares a prefix that ends inside a block
+        r.begin();
+        r.feed(0, T, P, 0);
+        r.decode(0, T + P, K, P);
+        r.check("prompt and decode");
+        const int cut = P/2 + 13;
+        llama_memory_seq_rm(r.mem, 0, cut, -1);
+        r.check("seq_rm of the suffix");
+        r.feed(0, T + P + K, P/2, cut);
+        r.decode(0, T + P + K + P/2, K, cut + P/2);
+        r.check("the new suffix decoded");
+        out.push_back(r.end("prompt-reuse"));
+
+        // sequence removal: two sequences share a block, one of them goes
+        r.begin();
+        r.feed(0, T, P/2, 0);
+        r.feed(1, T + P, P/2 + 7, 0);
+        r.check("two sequences");
+        llama_memory_seq_rm(r.mem, 1, -1, -1);
+        r.check("seq_rm of sequence 1");
+        r.decode(0, T + P/2, K, P/2);
+        r.feed(1, T + 2*P, P/4, 0);
+        r.decode(1, T + 2*P + P/4, K, P/4);
+        r.check("a new sequence 1 decoded");
+        out.push_back(r.end("seq-removal"));
+
+        // context shift, as llama-server does it: keep n_keep, drop n_discard, shift the rest
+        r.begin();
+        r.feed(0, T, P, 0);
+        const int n_keep = 69, n_discard = P/3;
+        llama_memory_seq_rm (r.mem, 0, n_keep, n_keep + n_discard);
+        llama_memory_seq_add(r.mem, 0, n_keep + n_discard, P, -n_discard);
+        r.decode(0, T + P, K, P - n_discard);
+        r.check("context shift and decode");
+        out.push_back(r.end("context-shift"));
+
+        // slot save and restore
+        r.begin();
+        r.feed(0, T, P, 0);
+        r.decode(0, T + P, K, P);
+        std::vector<uint8_t> state(llama_state_seq_get_size(ctx, 0));
+        if (llama_state_seq_get_data(ctx, state.data(), state.size(), 0) != state.size()) {
+            throw std::runtime_error("llama_state_seq_get_data failed");
+        }
+        llama_memory_seq_rm(r.mem, 0, -1, -1);
+        r.feed(0, T + 2*P, P/3, 0); // something else in the cells meanwhile
+        llama_memory_seq_rm(r.mem, 0, -1, -1);
+        if (llama_state_seq_set_data(ctx, state.data(), state.size(), 0) != state.size()) {
+            throw std::runtime_error("llama_state_seq_set_data failed");
+        }
+        r.check("restore");
+        r.decode(0, T + P + K, K, P + K);
+        r.check("restore and decode");
+        out.push_back(r.end("save-restore"));
+
+        // keep one sequence
+        r.begin();
+        r.feed(1, T + P, P/3 + 5, 0);
+        r.feed(0, T, P/2, 0);
+        llama_memory_seq_keep(r.mem, 0);
+        r.check("seq_keep of sequence 0");
+        r.decode(0, T + P/2, K, P/2);
+        out.push_back(r.end("seq-keep"));
+    } catch (const std::exception & e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+
+    printf("{\"scenarios\": [\n");
+    for (size_t i = 0; i < out.size(); ++i) {
+        printf("  %s%s\n", out[i].c_str(), i + 1 < out.size() ? "," : "");
+    }
+    printf("]}\n");
+    llama_backend_free();
+    return 0;
+}

@@ -1,0 +1,400 @@
+// llama-sparse-fuzz: the CPU kernels of block-sparse attention over random shapes and values.
+//
+// Each case builds the decode pipeline as llama builds it: SPARSE_ATTN_FILL over the keys,
+// SPARSE_ATTN_SELECT from the queries, the bounds and the mask, flash attention reading the
+// selected blocks, and dense flash attention beside it. It runs the graph twice on the CPU
+// backend, optimized (threads, split-KV decode path) and in reference mode (use_ref), and checks:
+//   - fill and select give the same bits both ways, flash attention agrees within tolerance,
+//     with NaN and inf in the same places;
+//   - the selection obeys its contract: only visible blocks, the counts in its last two words
+//     right, sink and recent blocks kept, no more blocks than budget + sink + recent;
+//   - a row whose every visible block is selected gives the dense result bit for bit.
+// Values include inf and NaN keys, all-equal keys and huge magnitudes; masks include a single
+// visible block and an empty visible range. Built with AddressSanitizer and UBSan by
+// `llama-sparse fuzz`, so a stray read or write fails the run too.
+//
+//   llama-sparse-fuzz [--cases N] [--seed S] [--threads T] [--verbose]
+// Exit status: 0 when every case passed, 1 when one failed (the case is printed), 2 on bad usage.
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum class keys_kind { uniform, all_equal, with_inf, with_nan, huge, count };
+enum class mask_kind { causal, window, single_block, empty, random_holes, count };
+
+const char * name(keys_kind k) {
+    static const char * n[] = {"uniform", "all-equal", "inf", "nan", "huge"};
+    return n[(int) k];
+}
+const char * name(mask_kind k) {
+    static const char * n[] = {"causal", "window", "single-block", "empty", "holes"};
+    return n[(int) k];
+}
+
+struct fuzz_case {
+    int64_t   D, n_head_kv, gqa, n_kv, n_rows, n_stream;
+    int       block, topk, sink, recent;
+    float     coverage;
+    ggml_type type_kv;
+    keys_kind keys;
+    mask_kind mask;
+    uint32_t  seed;
+
+    std::string str() const {
+        char buf[320];
+        snprintf(buf, sizeof(buf), "D=%lld kv_heads=%lld gqa=%lld n_kv=%lld rows=%lld streams=%lld block=%d topk=%d coverage=%.3f "
+                 "sink=%d recent=%d kv_type=%s keys=%s mask=%s seed=%u",
+                 (long long) D, (long long) n_head_kv, (long long) gqa, (long long) n_kv, (long long) n_rows, (long long) n_stream,
+                 block, topk, coverage, sink, recent, ggml_type_name(type_kv), name(keys), name(mask), seed);
+        return buf;
+    }
+};
+
+fuzz_case random_case(std::mt19937 & rng) {
+    auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); };
+    fuzz_case c{};
+    c.seed      = rng();
+    c.D         = pick({32, 64, 64, 96, 128, 256});
+    c.n_head_kv = pick({1, 2, 3, 4});
+    c.gqa       = pick({1, 2, 3, 4, 8});
+    c.block     = (int) pick({32, 64, 128});
+    // mostly decode lengths above the split-KV threshold (512), some short ones, a single block
+    c.n_kv      = pick({0, 1, 2}) == 0 ? 1 + rng() % 200 : 512 + rng() % 2600;
+    c.n_rows    = rng() % 4 == 0 ? 2 + rng() % 4 : 1;
+    c.n_stream  = rng() % 4 == 0 ? 2 : 1;
+    c.topk      = rng() % 3 == 0 ? (int) (rng() % 12) : 0;
+    c.coverage  = std::uniform_real_distribution<float>(0.01f, 1.0f)(rng);
+    c.sink      = (int) pick({0, 1, 4, 100});
+    c.recent    = (int) pick({0, 1, 64, 700});
+    c.type_kv   = rng() % 3 == 0 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+    c.keys      = (keys_kind) (rng() % (int) keys_kind::count);
+    c.mask      = (mask_kind) (rng() % (int) mask_kind::count);
+    return c;
+}
+
+struct graph_out {
+    std::vector<float>   filled, sparse, dense;
+    std::vector<int32_t> sel;
+};
+
+void set_quantized(ggml_tensor * t, const std::vector<float> & x) {
+    std::vector<uint8_t> buf(ggml_nbytes(t));
+    ggml_quantize_chunk(t->type, x.data(), buf.data(), 0, ggml_nrows(t), t->ne[0], nullptr);
+    ggml_backend_tensor_set(t, buf.data(), 0, buf.size());
+}
+
+template <typename T>
+std::vector<T> get(const ggml_tensor * t) {
+    std::vector<T> v(ggml_nbytes(t)/sizeof(T));
+    ggml_backend_tensor_get(t, v.data(), 0, ggml_nbytes(t));
+    return v;
+}
+
+// the visible range of a row: [lo, hi) with holes, per the mask kind
+std::vector<uint8_t> visible_rows(const fuzz_case & c, int64_t r, std::mt19937 & rng) {
+    std::vector<uint8_t> vis(c.n_kv, 0);
+    switch (c.mask) {
+        case mask_kind::causal:
+            for (int64_t i = 0; i < c.n_kv - c.n_rows + r + 1; ++i) { if (i >= 0) { vis[i] = 1; } }
+            break;
+        case mask_kind::window: {
+            const int64_t hi = c.n_kv - c.n_rows + r + 1;
+            const int64_t lo = std::max<int64_t>(0, hi - 1 - (int64_t) (rng() % (c.n_kv + 1)));
+            for (int64_t i = std::max<int64_t>(lo, 0); i < hi; ++i) { vis[i] = 1; }
+            break;
+        }
+        case mask_kind::single_block: {
+            const int64_t nb = (c.n_kv + c.block - 1)/c.block;
+            const int64_t b  = rng() % nb;
+            for (int64_t i = b*c.block; i < std::min<int64_t>((b + 1)*c.block, c.n_kv); ++i) { vis[i] = rng() % 4 != 0; }
+            break;
+        }
+        case mask_kind::empty:
+            break;
+        case mask_kind::random_holes:
+            for (int64_t i = 0; i < c.n_kv; ++i) { vis[i] = rng() % 3 != 0 && (i / c.block) % 3 != 1; }
+            break;
+        default:
+            break;
+    }
+    return vis;
+}
+
+struct run_inputs {
+    std::vector<float>     q, keys, values, bounds0;
+    std::vector<int64_t>   idxs;
+    std::vector<ggml_fp16_t> mask;
+    std::vector<std::vector<uint8_t>> vis; // per (stream, row)
+};
+
+run_inputs make_inputs(const fuzz_case & c) {
+    std::mt19937 rng(c.seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    run_inputs in;
+    const int64_t n_head = c.n_head_kv*c.gqa;
+    in.q.resize(c.D*n_head*c.n_rows*c.n_stream);
+    for (auto & x : in.q) { x = u(rng); }
+    const int64_t n_keys = c.D*c.n_head_kv*c.n_kv*c.n_stream;
+    in.keys.resize(n_keys);
+    in.values.resize(n_keys);
+    const float eq = u(rng);
+    for (int64_t i = 0; i < n_keys; ++i) {
+        float k = u(rng);
+        switch (c.keys) {
+            case keys_kind::all_equal: k = eq; break;
+            case keys_kind::with_inf:  if (rng() % 500 == 0) { k = rng() % 2 ? INFINITY : -INFINITY; } break;
+            case keys_kind::with_nan:  if (rng() % 500 == 0) { k = NAN; } break;
+            case keys_kind::huge:      k *= 6e4f; break;
+            default: break;
+        }
+        in.keys[i]   = k;
+        in.values[i] = u(rng);
+    }
+    const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
+    in.bounds0.resize(2*c.D*c.n_head_kv*n_blocks*c.n_stream);
+    for (auto & x : in.bounds0) { x = u(rng)*100.0f; } // garbage: every block is rewritten from its first row
+    for (int64_t i = 0; i < c.n_kv*c.n_stream; ++i) { in.idxs.push_back(i); }
+    std::shuffle(in.idxs.begin(), in.idxs.end(), rng);
+    in.mask.resize(c.n_kv*c.n_rows*c.n_stream);
+    for (int64_t s = 0; s < c.n_stream; ++s) {
+        for (int64_t r = 0; r < c.n_rows; ++r) {
+            in.vis.push_back(visible_rows(c, r, rng));
+            for (int64_t i = 0; i < c.n_kv; ++i) {
+                in.mask[(s*c.n_rows + r)*c.n_kv + i] = ggml_fp32_to_fp16(in.vis.back()[i] ? 0.0f : -INFINITY);
+            }
+        }
+    }
+    return in;
+}
+
+graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend, bool use_ref) {
+    ggml_backend_cpu_set_use_ref(backend, use_ref);
+    ggml_init_params ip = { 64*ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+
+    const int64_t n_head   = c.n_head_kv*c.gqa;
+    const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
+
+    ggml_tensor * q_in   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, n_head, c.n_rows, c.n_stream);
+    ggml_tensor * k_cur  = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.D, c.n_head_kv, c.n_kv*c.n_stream);
+    ggml_tensor * k_idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, c.n_kv*c.n_stream);
+    ggml_tensor * bounds = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 2*c.D, c.n_head_kv, n_blocks, c.n_stream);
+    ggml_tensor * kc     = ggml_new_tensor_4d(ctx, c.type_kv, c.D, c.n_head_kv, c.n_kv, c.n_stream);
+    ggml_tensor * vc     = ggml_new_tensor_4d(ctx, c.type_kv, c.D, c.n_head_kv, c.n_kv, c.n_stream);
+    ggml_tensor * mask   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.n_kv, c.n_rows, 1, c.n_stream);
+
+    ggml_tensor * q = ggml_permute(ctx, q_in, 0, 2, 1, 3);
+    ggml_tensor * k = ggml_permute(ctx, kc, 0, 2, 1, 3);
+    ggml_tensor * v = ggml_permute(ctx, vc, 0, 2, 1, 3);
+
+    ggml_tensor * filled = ggml_sparse_attn_fill(ctx, bounds, k_cur, k_idxs, c.block, (int) c.n_kv);
+    ggml_tensor * sel    = ggml_sparse_attn_select(ctx, q, filled, mask, c.block, c.topk, c.coverage, c.sink, c.recent);
+    ggml_tensor * sparse = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f/sqrtf((float) c.D), 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_block_sel(sparse, sel, c.block);
+    ggml_tensor * dense  = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f/sqrtf((float) c.D), 0.0f, 0.0f);
+
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, filled);
+    ggml_build_forward_expand(gf, sel);
+    ggml_build_forward_expand(gf, sparse);
+    ggml_build_forward_expand(gf, dense);
+
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    if (!buf) {
+        fprintf(stderr, "error: cannot allocate the case's tensors\n");
+        exit(1);
+    }
+    ggml_backend_tensor_set(q_in, in.q.data(), 0, ggml_nbytes(q_in));
+    // k_cur holds the keys in the order of k_idxs (shuffled rows), as a ubatch scatters them
+    std::vector<float> kcur(in.keys.size());
+    const int64_t row = c.D*c.n_head_kv;
+    for (size_t t = 0; t < in.idxs.size(); ++t) {
+        std::copy_n(in.keys.begin() + in.idxs[t]*row, row, kcur.begin() + t*row);
+    }
+    ggml_backend_tensor_set(k_cur, kcur.data(), 0, ggml_nbytes(k_cur));
+    ggml_backend_tensor_set(k_idxs, in.idxs.data(), 0, ggml_nbytes(k_idxs));
+    ggml_backend_tensor_set(bounds, in.bounds0.data(), 0, ggml_nbytes(bounds));
+    set_quantized(kc, in.keys);
+    set_quantized(vc, in.values);
+    ggml_backend_tensor_set(mask, in.mask.data(), 0, ggml_nbytes(mask));
+
+    if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+        fprintf(stderr, "error: graph compute failed\n");
+        exit(1);
+    }
+    graph_out out{get<float>(filled), get<float>(sparse), get<float>(dense), get<int32_t>(sel)};
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    return out;
+}
+
+bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size()*sizeof(float)) == 0;
+}
+
+// NaN and inf where the other has them; finite values close in normalized squared error
+std::string compare_fa(const std::vector<float> & a, const std::vector<float> & b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(a[i]) != std::isnan(b[i]) || std::isinf(a[i]) != std::isinf(b[i])) {
+            return "NaN/inf mismatch at element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+        }
+        if (std::isfinite(a[i])) {
+            num += (a[i] - b[i])*(double) (a[i] - b[i]);
+            den += (double) b[i]*b[i];
+        }
+    }
+    // test-backend-ops' flash-attention tolerance: the split-KV decode path rounds through f16
+    // where the reference does not (the dense upstream kernel differs from its reference by up to
+    // 5e-5 here too)
+    if (den > 0 && num/den > 5e-4) {
+        return "flash attention output differs (nmse " + std::to_string(num/den) + ")";
+    }
+    return "";
+}
+
+std::string check_selection(const fuzz_case & c, const run_inputs & in, const std::vector<int32_t> & sel,
+                            const graph_out & opt) {
+    const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
+    const int64_t n_words  = (n_blocks + 31)/32;
+    const int64_t W        = n_words + 2;
+    for (int64_t s = 0; s < c.n_stream; ++s) {
+        for (int64_t r = 0; r < c.n_rows; ++r) {
+            const auto & vis = in.vis[s*c.n_rows + r];
+            std::vector<int64_t> vis_blocks, rows_in;
+            for (int64_t b = 0; b < n_blocks; ++b) {
+                int64_t n = 0;
+                for (int64_t i = b*c.block; i < std::min<int64_t>((b + 1)*c.block, c.n_kv); ++i) { n += vis[i]; }
+                if (n) { vis_blocks.push_back(b); rows_in.push_back(n); }
+            }
+            const int64_t n_vis  = (int64_t) vis_blocks.size();
+            const int64_t budget = c.topk > 0 ? c.topk : std::max<int64_t>(1, (int64_t) ceilf(c.coverage*(float) n_vis));
+            // blocks the sink and the recent window must keep
+            std::vector<int64_t> forced;
+            for (int64_t i = 0, seen = 0; i < n_vis && seen < c.sink; ++i) { forced.push_back(vis_blocks[i]); seen += rows_in[i]; }
+            for (int64_t i = n_vis - 1, seen = 0; i >= 0 && seen < c.recent; --i) { forced.push_back(vis_blocks[i]); seen += rows_in[i]; }
+            std::sort(forced.begin(), forced.end());
+            forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
+
+            for (int64_t h = 0; h < c.n_head_kv; ++h) {
+                const int32_t * w = sel.data() + ((s*c.n_rows + r)*c.n_head_kv + h)*W;
+                std::string where = " (stream " + std::to_string(s) + ", row " + std::to_string(r) + ", kv head " + std::to_string(h) + ")";
+                int64_t pop = 0;
+                for (int64_t b = 0; b < n_blocks; ++b) {
+                    const bool on = (uint32_t) w[b >> 5] >> (b & 31) & 1u;
+                    if (on && !std::binary_search(vis_blocks.begin(), vis_blocks.end(), b)) {
+                        return "block " + std::to_string(b) + " selected but not visible" + where;
+                    }
+                    pop += on;
+                }
+                for (int64_t b = n_blocks; b < n_words*32; ++b) {
+                    if ((uint32_t) w[b >> 5] >> (b & 31) & 1u) { return "a bit beyond the last block is set" + where; }
+                }
+                if (w[n_words] != pop)      { return "n_selected " + std::to_string(w[n_words]) + " != popcount " + std::to_string(pop) + where; }
+                if (w[n_words + 1] != n_vis) { return "n_visible " + std::to_string(w[n_words + 1]) + " != " + std::to_string(n_vis) + where; }
+                if (budget >= n_vis && pop != n_vis) { return "budget covers every visible block but not all are selected" + where; }
+                if (budget < n_vis) {
+                    for (int64_t b : forced) {
+                        if (!((uint32_t) w[b >> 5] >> (b & 31) & 1u)) { return "sink/recent block " + std::to_string(b) + " not selected" + where; }
+                    }
+                    if (pop > std::max<int64_t>(budget, (int64_t) forced.size())) {
+                        return "selected " + std::to_string(pop) + " blocks, budget " + std::to_string(budget) + where;
+                    }
+                }
+                // every visible block selected: the sparse result is the dense one, bit for bit
+                if (pop == n_vis) {
+                    for (int64_t g = h*c.gqa; g < (h + 1)*c.gqa; ++g) {
+                        // dst: [D, n_head, n_rows, n_stream]
+                        const size_t o = ((s*c.n_rows + r)*c.n_head_kv*c.gqa + g)*c.D;
+                        if (memcmp(opt.sparse.data() + o, opt.dense.data() + o, c.D*sizeof(float)) != 0) {
+                            return "every visible block selected, yet the result differs from dense" + where;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return "";
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    int n_cases = 200, n_threads = 4;
+    uint32_t seed = 42;
+    bool verbose = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if ((a == "--cases" || a == "--seed" || a == "--threads") && i + 1 >= argc) {
+            fprintf(stderr, "error: %s needs a value\n", a.c_str());
+            return 2;
+        }
+        if      (a == "--cases")   { n_cases   = atoi(argv[++i]); }
+        else if (a == "--seed")    { seed      = (uint32_t) strtoul(argv[++i], nullptr, 10); }
+        else if (a == "--threads") { n_threads = atoi(argv[++i]); }
+        else if (a == "--verbose") { verbose = true; }
+        else {
+            fprintf(stderr, "usage: %s [--cases N] [--seed S] [--threads T] [--verbose]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (n_cases < 1 || n_threads < 1) {
+        fprintf(stderr, "error: --cases and --threads must be at least 1\n");
+        return 2;
+    }
+
+    ggml_backend_t backend = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(backend, n_threads);
+    std::mt19937 rng(seed);
+    int n_failed = 0;
+    int per_keys[(int) keys_kind::count] = {}, per_mask[(int) mask_kind::count] = {};
+
+    for (int i = 0; i < n_cases; ++i) {
+        const fuzz_case c = random_case(rng);
+        const run_inputs in = make_inputs(c);
+        const graph_out opt = run(c, in, backend, false);
+        const graph_out ref = run(c, in, backend, true);
+        std::string err;
+        if (!same_bits(opt.filled, ref.filled)) {
+            err = "fill: optimized and reference bounds differ";
+        } else if (opt.sel != ref.sel) {
+            err = "select: optimized and reference selections differ";
+        } else if (!(err = check_selection(c, in, opt.sel, opt)).empty()) {
+            err = "select: " + err;
+        } else if (!(err = compare_fa(opt.sparse, ref.sparse)).empty()) {
+            err = "sparse " + err;
+        } else if (!(err = compare_fa(opt.dense, ref.dense)).empty()) {
+            err = "dense " + err;
+        }
+        per_keys[(int) c.keys]++;
+        per_mask[(int) c.mask]++;
+        if (!err.empty()) {
+            n_failed++;
+            printf("FAIL case %d: %s\n  %s\n", i, c.str().c_str(), err.c_str());
+        } else if (verbose) {
+            printf("ok   case %d: %s\n", i, c.str().c_str());
+        }
+        fflush(stdout);
+    }
+    printf("fuzz: %d cases, %d failed (seed %u, %d threads); keys:", n_cases, n_failed, seed, n_threads);
+    for (int k = 0; k < (int) keys_kind::count; ++k) { printf(" %s %d", name((keys_kind) k), per_keys[k]); }
+    printf("; masks:");
+    for (int m = 0; m < (int) mask_kind::count; ++m) { printf(" %s %d", name((mask_kind) m), per_mask[m]); }
+    printf("\n");
+    ggml_backend_free(backend);
+    return n_failed ? 1 : 0;
+}
