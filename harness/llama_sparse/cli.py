@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from llama_sparse.errors import UserError
@@ -41,8 +42,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
     targets = list(args.target or DEFAULT_TARGETS)
     if args.tests:
         targets += ctest.targets()
+    defines = {}
+    for d in args.define or []:
+        key, sep, value = d.partition("=")
+        if not sep or not key:
+            raise UserError(f"--define {d!r}: expected KEY=VALUE (a CMake cache entry)")
+        defines[key] = value
     cfg = BuildConfig(variant="upstream" if args.upstream else "patched", jobs=args.jobs,
-                      cuda=args.cuda, targets=tuple(targets))
+                      cuda=args.cuda, targets=tuple(targets), extra_defines=defines)
     print(build(Project.find(), cfg))
     return 0
 
@@ -89,6 +96,24 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if r.sanitizer_report:
         print("llama-sparse: a sanitizer reported an error (above)", file=sys.stderr)
     return 0 if r.ok else 1
+
+
+def _cmd_cuda_check(args: argparse.Namespace) -> int:
+    from llama_sparse import cudacheck
+
+    source = Path(args.source) if args.source else Project.find().vendor_dir
+    units = tuple(args.unit) if args.unit else cudacheck.TRANSLATION_UNITS
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    t0 = time.monotonic()
+    r = cudacheck.check(source, units=units, archs=archs, jobs=args.jobs)
+    for u in r.failed:
+        print(f"\n== {u.unit}: nvcc failed ==\n{u.first_errors()}", file=sys.stderr)
+    took = time.monotonic() - t0
+    if r.ok:
+        print(f"cuda-check: {len(r.units)} translation units compile for sm_{', sm_'.join(archs)} ({took:.0f} s)")
+        return 0
+    print(f"cuda-check: FAILED: {', '.join(u.unit for u in r.failed)} ({took:.0f} s)", file=sys.stderr)
+    return 1
 
 
 def _cmd_ctest(args: argparse.Namespace) -> int:
@@ -156,6 +181,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=int, default=2)
     p.add_argument("--target", action="append", help="a cmake target (repeatable)")
     p.add_argument("--tests", action="store_true", help="also build upstream's CPU unit tests we run")
+    p.add_argument("--define", action="append", metavar="KEY=VALUE",
+                   help="an extra CMake cache entry, e.g. CMAKE_CUDA_ARCHITECTURES=native (repeatable)")
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("models", help="list, fetch or locate the test models")
@@ -191,6 +218,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=4, help="threads of the optimized run")
     p.add_argument("--jobs", type=int, default=2, help="build jobs")
     p.set_defaults(func=_cmd_fuzz)
+
+    p = sub.add_parser("cuda-check", help="compile the CUDA translation units the patches touch (nvcc, sm_86 and sm_90)")
+    p.add_argument("--source", help="a llama.cpp tree (default: vendor/llama.cpp)")
+    p.add_argument("--unit", action="append", help="only this unit, relative to ggml/src/ggml-cuda (repeatable)")
+    p.add_argument("--archs", default="86,90", help="comma-separated compute capabilities")
+    p.add_argument("--jobs", type=int, default=2)
+    p.set_defaults(func=_cmd_cuda_check)
 
     p = sub.add_parser("ctest", help="run upstream's CPU unit tests on the patched build")
     p.set_defaults(func=_cmd_ctest)
