@@ -128,8 +128,16 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _raise_if_dead(self, when: str) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
+    def _raise_if_dead(self, when: str, wait: float = 0.0) -> None:
+        """Raise if the process is gone. With `wait`, give a process that just dropped a
+        connection that long to be seen exiting (a killed server closes its sockets first)."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=wait) if wait > 0 else None
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.poll() is not None:
             raise ServerError(f"llama-server exited with code {self.proc.returncode} {when}\n" + self.log_tail())
 
     def stop(self) -> None:
@@ -163,7 +171,7 @@ class ServerProcess:
         try:
             r = self._session.request(method, f"{self.url}{path}", timeout=timeout, **kw)
         except requests.RequestException as e:
-            self._raise_if_dead(f"during {method} {path}")
+            self._raise_if_dead(f"during {method} {path}", wait=2.0)
             raise ServerError(f"{method} {path} failed: {e}\n" + self.log_tail()) from e
         if r.status_code >= 400:
             self._raise_if_dead(f"during {method} {path}")
@@ -178,7 +186,7 @@ class ServerProcess:
             with requests.Session() as session:
                 r = session.post(f"{self.url}{path}", json=body, timeout=timeout)
         except requests.RequestException as e:
-            self._raise_if_dead(f"during POST {path}")
+            self._raise_if_dead(f"during POST {path}", wait=2.0)
             raise ServerError(f"POST {path} failed: {e}\n" + self.log_tail()) from e
         return r.status_code, r.text
 

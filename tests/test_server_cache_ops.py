@@ -1,0 +1,68 @@
+"""llama-server's own cache operations with sparse attention on: slot save and restore with
+prompt-cache reuse, and context shift. The select-all arm must answer exactly like dense (same
+tokens, same top probabilities) through each; a top-K arm must keep serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llama_sparse.gates.texts import reference_text
+from llama_sparse.server import ServerConfig
+
+pytestmark = pytest.mark.slow
+
+SELECT_ALL = ["--sparse-attn", "on", "--sparse-attn-topk", "1048576"]
+TOP_K = ["--sparse-attn", "on", "--sparse-attn-coverage", "0.25", "--sparse-attn-recent", "32"]
+
+
+def answers(resp: dict) -> tuple:
+    probs = [(p.get("id"), [(t.get("id"), t.get("prob", t.get("logprob"))) for t in p.get("top_probs", p.get("top_logprobs", []))])
+             for p in resp.get("completion_probabilities", [])]
+    return resp["content"], probs
+
+
+def save_restore_sequence(start_server, model: Path, tmp_path: Path, name: str, flags: list[str]) -> list[tuple]:
+    slots = tmp_path / f"slots-{name}"
+    slots.mkdir()
+    server = start_server(ServerConfig(model=model, ctx_size=4096, extra_args=["--slot-save-path", f"{slots}/", *flags]),
+                          name=name)
+    text = reference_text()
+    first, other = text[:6000], text[20000:26000]
+    out = []
+    a = server.complete(first, n_predict=16, n_probs=3, id_slot=0)
+    out.append(answers(a))
+    server.request("POST", "/slots/0?action=save", json={"filename": "slot0.bin"})
+    out.append(answers(server.complete(other, n_predict=16, n_probs=3, id_slot=0)))   # the slot now holds another prompt
+    server.request("POST", "/slots/0?action=restore", json={"filename": "slot0.bin"})
+    c = server.complete(first + a["content"] + " Then", n_predict=16, n_probs=3, id_slot=0)
+    out.append(answers(c))
+    # the restored cache was reused: only the new tail was evaluated
+    assert c["timings"]["prompt_n"] < 64, c["timings"]
+    return out
+
+
+def test_slot_save_restore_and_prompt_reuse(start_server, smollm2: Path, tmp_path: Path) -> None:
+    dense = save_restore_sequence(start_server, smollm2, tmp_path, "dense", [])
+    select_all = save_restore_sequence(start_server, smollm2, tmp_path, "select-all", SELECT_ALL)
+    assert dense == select_all
+    top_k = save_restore_sequence(start_server, smollm2, tmp_path, "top-k", TOP_K)
+    assert all(content for content, _ in top_k)
+
+
+def context_shift_run(start_server, model: Path, name: str, flags: list[str]) -> tuple[str, str]:
+    server = start_server(ServerConfig(model=model, ctx_size=1024, extra_args=["--context-shift", *flags]), name=name)
+    prompt = reference_text()[:1500]
+    r = server.complete(prompt, n_predict=700, ignore_eos=True, n_keep=32)
+    assert r["tokens_predicted"] == 700
+    return r["content"], server.log_path.read_text(errors="replace")
+
+
+def test_context_shift(start_server, smollm2: Path) -> None:
+    dense, dense_log = context_shift_run(start_server, smollm2, "dense", [])
+    select_all, log = context_shift_run(start_server, smollm2, "select-all", SELECT_ALL)
+    assert "slot context shift" in dense_log and "slot context shift" in log
+    assert dense == select_all
+    top_k, log = context_shift_run(start_server, smollm2, "top-k", TOP_K)
+    assert "slot context shift" in log and "sparse attention: decode read" in log and len(top_k) > 0
