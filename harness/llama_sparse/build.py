@@ -21,9 +21,9 @@ from llama_sparse.project import Project
 from llama_sparse.vendor import UPSTREAM_TAG
 
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops", "ggml-rpc-server",
-                   "llama-sparse-logits", "llama-sparse-cachecheck")
+                   "llama-sparse-logits", "llama-sparse-cachecheck", "llama-sparse-scsa-test")
 # tools that call the patched API, so the unpatched (identity gate) build leaves them out
-PATCHED_ONLY_TARGETS = ("llama-sparse-cachecheck",)
+PATCHED_ONLY_TARGETS = ("llama-sparse-cachecheck", "llama-sparse-scsa-test")
 
 
 @dataclass

@@ -1,0 +1,252 @@
+// llama-sparse-scsa-test: SCSA's arithmetic (ggml-cpu/scsa) on synthetic clustered KV with
+// known answers. Exit status 0 when every check passes, 1 otherwise; each failure is printed.
+
+#include "scsa.h"
+
+#include "ggml.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace ggml_scsa;
+
+static int n_checks = 0, n_failed = 0;
+
+static void check(bool ok, const std::string & what) {
+    n_checks++;
+    if (!ok) {
+        n_failed++;
+        printf("FAIL: %s\n", what.c_str());
+    }
+}
+
+struct kv {
+    int64_t D, n;
+    std::vector<float> keys, values;
+    std::vector<int> blob;   // which blob each row was drawn from
+    std::vector<float> centres;
+};
+
+// n rows in `blobs` tight blobs of keys (values carry the blob's signature), in random order
+static kv clustered(int64_t n, int64_t D, int blobs, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    kv x{D, n, std::vector<float>(n*D), std::vector<float>(n*D), std::vector<int>(n), std::vector<float>(blobs*D)};
+    for (auto & c : x.centres) { c = 3.0f*g(rng); }
+    for (int64_t r = 0; r < n; ++r) {
+        const int b = (int) (rng() % blobs);
+        x.blob[r] = b;
+        for (int64_t d = 0; d < D; ++d) {
+            x.keys[r*D + d]   = x.centres[b*D + d] + 0.3f*g(rng);
+            x.values[r*D + d] = (float) ((b*7 + d) % 11) - 5.0f + 0.1f*g(rng);
+        }
+    }
+    return x;
+}
+
+static float f16r(float v) { return ggml_fp16_to_fp32(ggml_fp32_to_fp16(v)); }
+
+// softmax(beta q.k) v over explicit rows, in double
+static std::vector<double> dense(const float * q, float beta, int64_t D,
+                                 const std::vector<std::pair<const float *, const float *>> & rows,
+                                 const std::vector<std::tuple<double, double, const float *>> & tails = {}) {
+    std::vector<double> logits;
+    for (auto & [k, v] : rows) {
+        double s = 0.0;
+        for (int64_t d = 0; d < D; ++d) { s += (double) q[d]*k[d]; }
+        logits.push_back(beta*s);
+    }
+    for (auto & [a, logm, v] : tails) { logits.push_back(a + logm); }
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> out(D, 0.0);
+    double den = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+        const double w = std::exp(logits[i] - mx);
+        const float * v = i < rows.size() ? rows[i].second : std::get<2>(tails[i - rows.size()]);
+        den += w;
+        for (int64_t d = 0; d < D; ++d) { out[d] += w*v[d]; }
+    }
+    for (auto & o : out) { o /= den; }
+    return out;
+}
+
+static double rel_err(const float * a, const std::vector<double> & b) {
+    double e = 0.0, n = 0.0;
+    for (size_t d = 0; d < b.size(); ++d) { e += (a[d] - b[d])*(a[d] - b[d]); n += b[d]*b[d]; }
+    return std::sqrt(e/std::max(n, 1e-30));
+}
+
+int main() {
+    const int64_t D = 64, n = 4096, sink = 4, recent = 32;
+    const float beta = 1.0f/std::sqrt((float) D);
+    const kv x = clustered(n, D, 24, 1234);
+    config cfg;
+    const plan p = build_plan(x.keys.data(), x.values.data(), D, sink, n - recent, cfg);
+
+    // a plan: a partition of the sealed rows into clusters of at most cluster_size
+    {
+        std::vector<int64_t> m = p.members;
+        std::sort(m.begin(), m.end());
+        bool perm = (int64_t) m.size() == n - recent - sink;
+        for (size_t i = 0; perm && i < m.size(); ++i) { perm = m[i] == sink + (int64_t) i; }
+        check(perm, "the plan's members are exactly the sealed rows");
+        bool sizes = !p.clusters.empty();
+        int64_t next = 0;
+        for (auto & c : p.clusters) { sizes = sizes && c.count > 0 && c.count <= cfg.cluster_size && c.begin == next; next += c.count; }
+        check(sizes, "clusters are contiguous and hold at most cluster_size members");
+        // the split groups near keys: the keys' mean squared distance to their cluster's centroid
+        // is a small part of their mean squared distance to the centroid of all keys
+        double within = 0.0, total = 0.0;
+        std::vector<double> all(D, 0.0);
+        for (int64_t r = sink; r < n - recent; ++r) { for (int64_t d = 0; d < D; ++d) { all[d] += x.keys[r*D + d]; } }
+        for (auto & a : all) { a /= (double) (n - recent - sink); }
+        for (auto & c : p.clusters) {
+            for (int64_t i = c.begin; i < c.begin + c.count; ++i) {
+                const float * k = x.keys.data() + p.members[i]*D;
+                for (int64_t d = 0; d < D; ++d) {
+                    within += (k[d] - c.centroid[d])*(k[d] - c.centroid[d]);
+                    total  += (k[d] - all[d])*(k[d] - all[d]);
+                }
+            }
+        }
+        // (a random partition of the same sizes keeps about all of it: 1 - 1/128)
+        check(within < 0.5*total, "clusters group near keys (within-cluster spread " + std::to_string(within/total) + " of the total)");
+        bool resid_ok = true;
+        for (auto & c : p.clusters) { for (float r : c.resid) { resid_ok = resid_ok && r >= 0.0f; } }
+        check(resid_ok, "diagonal residuals are non-negative");
+    }
+
+    // deterministic: the same input gives the same plan, bit for bit
+    {
+        const plan p2 = build_plan(x.keys.data(), x.values.data(), D, sink, n - recent, cfg);
+        bool same = p2.members == p.members && p2.clusters.size() == p.clusters.size() && p2.keys_f16 == p.keys_f16;
+        for (size_t i = 0; same && i < p.clusters.size(); ++i) {
+            same = p.clusters[i].eigval == p2.clusters[i].eigval && p.clusters[i].eigvec == p2.clusters[i].eigvec &&
+                   p.clusters[i].centroid == p2.clusters[i].centroid;
+        }
+        check(same, "plans are deterministic");
+    }
+
+    // the exact rows: sinks and the recent suffix
+    std::vector<float> ex_k, ex_v;
+    for (int64_t r = 0; r < n; ++r) {
+        if (r < sink || r >= n - recent) {
+            ex_k.insert(ex_k.end(), x.keys.begin() + r*D, x.keys.begin() + (r + 1)*D);
+            ex_v.insert(ex_v.end(), x.values.begin() + r*D, x.values.begin() + (r + 1)*D);
+        }
+    }
+    const exact_rows ex{ex_k.data(), ex_v.data(), (int64_t) ex_k.size()/D};
+
+    // f16 copies of the plan's keys and values, for the direct computations
+    std::vector<float> pk(p.keys_f16.size()), pv(p.values_f16.size());
+    for (size_t i = 0; i < pk.size(); ++i) { pk[i] = ggml_fp16_to_fp32(p.keys_f16[i]); pv[i] = ggml_fp16_to_fp32(p.values_f16[i]); }
+    check(pk[5] == f16r(x.keys[p.members[0]*D + 5]), "packed keys are the f16 copies of the members");
+
+    std::mt19937 rng(99);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    double worst_exact = 0.0, worst_tail = 0.0;
+    for (int t = 0; t < 16; ++t) {
+        // a query near one blob's keys, so attention is peaked as in a model
+        std::vector<float> q(D);
+        const int b = t % 24;
+        for (int64_t d = 0; d < D; ++d) { q[d] = 2.0f*x.centres[b*D + d] + g(rng); }
+
+        // tau = 0: every cluster opened: dense attention over the same (f16-packed) keys
+        std::vector<std::pair<const float *, const float *>> rows;
+        for (int64_t j = 0; j < ex.n; ++j) { rows.emplace_back(ex.keys + j*D, ex.values + j*D); }
+        for (size_t i = 0; i < p.members.size(); ++i) { rows.emplace_back(pk.data() + i*D, pv.data() + i*D); }
+        std::vector<float> out(D);
+        counters st;
+        attend(p, ex, q.data(), beta, 0.0f, out.data(), &st);
+        worst_exact = std::max(worst_exact, rel_err(out.data(), dense(q.data(), beta, D, rows)));
+        check(st.opened_rows == (int64_t) p.members.size() && st.exact_rows == ex.n, "tau = 0 reads every row");
+
+        // tau = 0.2: the opened clusters exactly, the rest as m exp(a) at the value mean
+        std::vector<float> lm(p.clusters.size());
+        priorities(p, q.data(), beta, lm.data());
+        double lse_ex = -INFINITY;
+        {
+            std::vector<double> s;
+            for (int64_t j = 0; j < ex.n; ++j) {
+                double v = 0.0;
+                for (int64_t d = 0; d < D; ++d) { v += (double) q[d]*ex.keys[j*D + d]; }
+                s.push_back(beta*v);
+            }
+            const double mx = *std::max_element(s.begin(), s.end());
+            double acc = 0.0;
+            for (double v : s) { acc += std::exp(v - mx); }
+            lse_ex = mx + std::log(acc);
+        }
+        const std::vector<int32_t> open = select_open(p, lm.data(), (float) lse_ex, 0.2f);
+        std::vector<uint8_t> is_open(p.clusters.size(), 0);
+        for (int32_t i : open) { is_open[i] = 1; }
+        std::vector<std::pair<const float *, const float *>> rows2;
+        std::vector<std::tuple<double, double, const float *>> tails;
+        for (int64_t j = 0; j < ex.n; ++j) { rows2.emplace_back(ex.keys + j*D, ex.values + j*D); }
+        for (size_t i = 0; i < p.clusters.size(); ++i) {
+            const cluster & c = p.clusters[i];
+            if (is_open[i]) {
+                for (int64_t r = c.begin; r < c.begin + c.count; ++r) { rows2.emplace_back(pk.data() + r*D, pv.data() + r*D); }
+            } else {
+                double a = 0.0;
+                for (int64_t d = 0; d < D; ++d) { a += (double) q[d]*c.centroid[d]; }
+                tails.emplace_back(beta*a, std::log((double) c.count), c.value_mean.data());
+            }
+        }
+        counters st2;
+        attend(p, ex, q.data(), beta, 0.2f, out.data(), &st2);
+        worst_tail = std::max(worst_tail, rel_err(out.data(), dense(q.data(), beta, D, rows2, tails)));
+        check(st2.opened_rows < st.opened_rows && !open.empty(), "tau = 0.2 opens fewer rows than tau = 0");
+        check(lm[open[0]] == *std::max_element(lm.begin(), lm.end()), "clusters open best first");
+
+        // errors grow with tau, and tau = 0 has none
+        const std::vector<float> grid = {0.0f, 0.01f, 0.05f, 0.2f, 0.5f};
+        const std::vector<float> err = replay_errors(p, ex, q.data(), beta, grid);
+        check(err[0] == 0.0f, "the replay at tau = 0 is the exact output");
+        check(err[4] >= err[1], "a larger tau does not give a smaller error here");
+    }
+    check(worst_exact < 1e-5, "tau = 0 equals dense attention over the same keys (worst relative error " + std::to_string(worst_exact) + ")");
+    check(worst_tail < 1e-5, "the tail term equals its direct computation (worst relative error " + std::to_string(worst_tail) + ")");
+
+    // calibration on a constructed error curve: grid 0.01 0.02 0.05 0.1; medians 0.004 0.02 0.03 0.2
+    {
+        const std::vector<float> grid = {0.01f, 0.02f, 0.05f, 0.1f};
+        const std::vector<std::vector<float>> errors = {
+            {0.002f, 0.010f, 0.030f, 0.1f}, {0.004f, 0.020f, 0.030f, 0.2f}, {0.009f, 0.050f, 0.028f, 0.3f},
+        };
+        check(choose_tau(errors, grid, 0.025f, 0.05f) == 0.02f, "calibration freezes the largest tau whose median error meets the tolerance");
+        check(choose_tau(errors, grid, 0.001f, 0.05f) == 0.05f, "no tau meets the tolerance: the fallback");
+        check(choose_tau({}, grid, 0.025f, 0.05f) == 0.05f, "no steps recorded: the fallback");
+    }
+
+    // a cache truncated below the sealed end invalidates the plan; a new plan covers what is left
+    {
+        check(p.valid_for(n) && p.valid_for(n - recent), "the plan holds while the cache keeps its rows");
+        check(!p.valid_for(n/2), "a cache truncated below the plan's end drops the plan");
+        const plan q2 = build_plan(x.keys.data(), x.values.data(), D, sink, n/2 - recent, cfg);
+        int64_t maxrow = 0;
+        for (int64_t r : q2.members) { maxrow = std::max(maxrow, r); }
+        check(q2.valid_for(n/2) && maxrow < n/2 - recent, "the new plan covers only the rows left");
+    }
+
+    // all-equal keys: splitting by row, no NaN anywhere
+    {
+        std::vector<float> k(1000*D, 0.5f), v(1000*D, 1.0f);
+        const plan pe = build_plan(k.data(), v.data(), D, 0, 1000, cfg);
+        std::vector<float> q(D, 1.0f), out(D);
+        attend(pe, exact_rows{}, q.data(), beta, 0.1f, out.data());
+        bool finite = true;
+        for (float o : out) { finite = finite && std::isfinite(o) && std::fabs(o - 1.0f) < 1e-6f; }
+        check(pe.clusters.size() == 8 && finite, "all-equal keys: 8 clusters of at most 128, output the common value");
+    }
+
+    printf("scsa: %d checks, %d failed\n", n_checks, n_failed);
+    return n_failed ? 1 : 0;
+}
