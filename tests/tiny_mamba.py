@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_sparse.tinyqwen import _byte_vocab, _gguf_module
+from llama_sparse.tinyqwen import _byte_vocab, _gguf_module, add_byte_vocab
 
 
 def write_tiny_mamba(path: Path, n_layer: int = 2, n_embd: int = 64, seed: int = 7) -> Path:
@@ -29,14 +29,7 @@ def write_tiny_mamba(path: Path, n_layer: int = 2, n_embd: int = 64, seed: int =
     w.add_ssm_time_step_rank(dt_rank)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(tokens.index("<|endoftext|>"))
-    w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_add_bos_token(False)
+    add_byte_vocab(w, tokens, types, merges)
 
     def t(*shape: int, scale: float = 0.1) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)

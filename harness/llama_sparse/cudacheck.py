@@ -14,7 +14,6 @@ list to that.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from llama_sparse.errors import UserError
 from llama_sparse.project import Project, cache_dir
+from llama_sparse.vendor import sha256_file
 
 CUBLAS_WHEEL = "nvidia-cublas==13.0.2.14"
 CUBLAS_WHEEL_SHA256 = "0cf238ffdbe46c00cb9aa98e7bca745c223a5ca5a53e686ac8b3e5a08fe80d6c"
@@ -101,7 +101,7 @@ def cublas_headers(log=print) -> Path:
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or len(wheels) != 1:
             raise UserError(f"could not download {CUBLAS_WHEEL}: {(proc.stdout + proc.stderr).strip()[-800:]}")
-        digest = _sha256(wheels[0])
+        digest = sha256_file(wheels[0])
         if digest != CUBLAS_WHEEL_SHA256:
             raise UserError(f"{wheels[0].name}: sha256 {digest} is not the pinned {CUBLAS_WHEEL_SHA256}; refusing it")
         staging = Path(tempfile.mkdtemp(prefix=".cublas-", dir=out.parent if out.parent.exists() else None))
@@ -171,10 +171,3 @@ def _nvcc() -> str:
         raise UserError("nvcc is not installed (CUDA toolkit 13.0); the CUDA compile check needs it")
     return exe
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

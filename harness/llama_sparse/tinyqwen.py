@@ -92,6 +92,18 @@ def _byte_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+def add_byte_vocab(w, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level BPE vocabulary of _byte_vocab() into a GGUF writer (our tiny test models share it)."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tokens.index("<|endoftext|>"))
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_add_bos_token(False)
+
+
 def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     shape.validate()
     gguf = _gguf_module()
@@ -112,14 +124,7 @@ def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(0)  # all f32
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_eos_token_id(tokens.index("<|endoftext|>"))
-    w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_add_bos_token(False)
+    add_byte_vocab(w, tokens, types, merges)
 
     def mat(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
         s = scale if scale is not None else 1.0 / np.sqrt(cols)

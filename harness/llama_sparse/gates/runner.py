@@ -8,7 +8,6 @@ everything measured so far behind.
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from llama_sparse.gates import report as reports
 from llama_sparse.gates.spec import Arm, GateSpec
 from llama_sparse.progress import Progress
 from llama_sparse.server import ServerConfig
+from llama_sparse.vendor import sha256_file
 
 
 @dataclass
@@ -44,7 +44,7 @@ class GateContext:
         if name not in self._model_paths:
             path = models.resolve(name, log=self.progress.log)
             self._model_paths[name] = path
-            self.report.models[name] = {"path": str(path), "sha256": _sha256(path)}
+            self.report.models[name] = {"path": str(path), "sha256": sha256_file(path)}
         return self._model_paths[name]
 
     def build_info(self, variant: str) -> None:
@@ -75,13 +75,6 @@ class GateContext:
     def save(self) -> dict[str, Path]:
         return reports.write(self.report, self.out_dir)
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def kind_module(kind: str):
