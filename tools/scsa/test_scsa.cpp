@@ -215,6 +215,78 @@ int main() {
     check(worst_exact < 1e-5, "tau = 0 equals dense attention over the same keys (worst relative error " + std::to_string(worst_exact) + ")");
     check(worst_tail < 1e-5, "the tail term equals its direct computation (worst relative error " + std::to_string(worst_tail) + ")");
 
+    // hierarchical mode: exact aggregates, tau = 0 is dense, any tau equals its direct computation
+    {
+        const tree t = build_tree(p);
+        const tree_node & root = t.nodes[t.root];
+        check(root.count == (int64_t) p.members.size(), "the tree's root holds every member");
+        double worst_c = 0.0, worst_v = 0.0;
+        for (int64_t d = 0; d < D; ++d) {
+            double mean = 0.0, m2 = 0.0;
+            for (int64_t r : p.members) { mean += x.keys[r*D + d]; }
+            mean /= (double) p.members.size();
+            for (int64_t r : p.members) { m2 += (x.keys[r*D + d] - mean)*(x.keys[r*D + d] - mean); }
+            m2 /= (double) p.members.size();
+            worst_c = std::max(worst_c, std::fabs(root.centroid[d] - mean));
+            worst_v = std::max(worst_v, std::fabs(root.diag_var[d] - m2)/std::max(m2, 1e-9));
+        }
+        check(worst_c < 1e-4 && worst_v < 1e-3, "the root aggregates centroid and diagonal variance exactly (worst " +
+              std::to_string(worst_c) + ", " + std::to_string(worst_v) + ")");
+        std::mt19937 rq(5);
+        double worst0 = 0.0, worst2 = 0.0;
+        for (int tq = 0; tq < 8; ++tq) {
+            std::vector<float> q(D);
+            for (int64_t d = 0; d < D; ++d) { q[d] = 2.0f*x.centres[(tq*5 % 24)*D + d] + g(rq); }
+            std::vector<float> flat(D), hier(D);
+            attend(p, ex, q.data(), beta, 0.0f, flat.data());
+            attend_hier(p, t, ex, q.data(), beta, 0.0f, hier.data());
+            std::vector<double> fd(flat.begin(), flat.end());
+            worst0 = std::max(worst0, rel_err(hier.data(), fd));
+
+            // tau = 0.2: open leaves exactly, the frontier's aggregates as tails
+            std::vector<double> s_ex;
+            double lse = -INFINITY;
+            {
+                std::vector<double> sc;
+                for (int64_t j = 0; j < ex.n; ++j) {
+                    double v = 0.0;
+                    for (int64_t d = 0; d < D; ++d) { v += (double) q[d]*ex.keys[j*D + d]; }
+                    sc.push_back(beta*v);
+                }
+                const double mx = *std::max_element(sc.begin(), sc.end());
+                double acc = 0.0;
+                for (double v : sc) { acc += std::exp(v - mx); }
+                lse = mx + std::log(acc);
+            }
+            const hier_selection sel = select_hier(p, t, q.data(), beta, (float) lse, 0.2f);
+            std::vector<std::pair<const float *, const float *>> rows;
+            std::vector<std::tuple<double, double, const float *>> tails;
+            for (int64_t j = 0; j < ex.n; ++j) { rows.emplace_back(ex.keys + j*D, ex.values + j*D); }
+            for (int32_t i : sel.open) {
+                const cluster & c = p.clusters[i];
+                for (int64_t r = c.begin; r < c.begin + c.count; ++r) { rows.emplace_back(pk.data() + r*D, pv.data() + r*D); }
+            }
+            int64_t covered = 0;
+            for (int32_t i : sel.open) { covered += p.clusters[i].count; }
+            for (int32_t id : sel.tails) {
+                const tree_node & n = t.nodes[id];
+                double a = 0.0;
+                for (int64_t d = 0; d < D; ++d) { a += (double) q[d]*n.centroid[d]; }
+                tails.emplace_back(beta*a, std::log((double) n.count), n.value_mean.data());
+                covered += n.count;
+            }
+            check(covered == (int64_t) p.members.size(), "open leaves and tail nodes cover every member once");
+            attend_hier(p, t, ex, q.data(), beta, 0.2f, hier.data());
+            worst2 = std::max(worst2, rel_err(hier.data(), dense(q.data(), beta, D, rows, tails)));
+            check(!sel.open.empty() && sel.open.size() < p.clusters.size(), "tau = 0.2 opens some leaves, not all");
+            const hier_selection one = select_hier(p, t, q.data(), beta, (float) lse, 1.0f);
+            check(one.open.size() <= 1 && one.expanded <= 2*(int64_t) std::ceil(std::log2((double) p.clusters.size())) + 1,
+                  "tau = 1 walks at most one path down the tree");
+        }
+        check(worst0 < 1e-5, "hierarchical tau = 0 equals flat tau = 0 (worst relative error " + std::to_string(worst0) + ")");
+        check(worst2 < 1e-5, "hierarchical tails equal their direct computation (worst relative error " + std::to_string(worst2) + ")");
+    }
+
     // calibration on a constructed error curve: grid 0.01 0.02 0.05 0.1; medians 0.004 0.02 0.03 0.2
     {
         const std::vector<float> grid = {0.01f, 0.02f, 0.05f, 0.1f};
