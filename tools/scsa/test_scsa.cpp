@@ -287,6 +287,74 @@ int main() {
         check(worst2 < 1e-5, "hierarchical tails equal their direct computation (worst relative error " + std::to_string(worst2) + ")");
     }
 
+    // a growing cache: plans kept up incrementally, frozen regions, exact attention at tau = 0,
+    // and a truncation that must not leave a stale plan
+    {
+        const int64_t N = 6000;
+        kv y = clustered(N, D, 16, 777);
+        head_plans hp;
+        hp.cfg.sink = 4; hp.cfg.recent = 32; hp.cfg.rebuild_interval = 256; hp.cfg.block_size = 1024;
+        bool invariants = true;
+        int64_t updates = 0;
+        for (int64_t n_rows = 1; n_rows <= N; n_rows += 37) {
+            updates += hp.update(y.keys.data(), y.values.data(), D, n_rows);
+            int64_t next = hp.cfg.sink;
+            for (size_t i = 0; i < hp.regions.size(); ++i) {
+                const plan & r = hp.regions[i];
+                invariants = invariants && r.begin == next && r.end > r.begin &&
+                             (i + 1 == hp.regions.size() || r.end - r.begin == hp.cfg.block_size) &&
+                             r.end - r.begin <= hp.cfg.block_size;
+                next = r.end;
+            }
+            invariants = invariants && hp.sealed_end() <= std::max<int64_t>(hp.cfg.sink, n_rows - hp.cfg.recent) &&
+                         n_rows - hp.cfg.recent - hp.sealed_end() < hp.cfg.rebuild_interval;
+        }
+        check(invariants, "regions stay contiguous from the sinks, frozen at block_size, at most one interval behind");
+        check(hp.rebuilds <= (N/hp.cfg.rebuild_interval) + (N/hp.cfg.block_size) + 1 && updates > 0,
+              "maintenance rebuilds only the growing tail (" + std::to_string(hp.rebuilds) + " plans built)");
+
+        auto dense_all = [&](const kv & z, int64_t n_rows, const float * q) {
+            // the sealed rows as packed (f16), the rest exact
+            std::vector<float> kf(n_rows*D), vf(n_rows*D);
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const bool sealed = r >= hp.cfg.sink && r < hp.sealed_end();
+                for (int64_t d = 0; d < D; ++d) {
+                    kf[r*D + d] = sealed ? f16r(z.keys[r*D + d]) : z.keys[r*D + d];
+                    vf[r*D + d] = sealed ? f16r(z.values[r*D + d]) : z.values[r*D + d];
+                }
+            }
+            std::vector<std::pair<const float *, const float *>> rows;
+            for (int64_t r = 0; r < n_rows; ++r) { rows.emplace_back(kf.data() + r*D, vf.data() + r*D); }
+            return dense(q, beta, D, rows);
+        };
+        std::vector<float> q(D), out(D);
+        for (int64_t d = 0; d < D; ++d) { q[d] = 2.0f*y.centres[3*D + d] + g(rng); }
+        int64_t n_now = ((N - 1)/37)*37 + 1;
+        attend_store(hp, y.keys.data(), y.values.data(), D, n_now, q.data(), beta, 0.0f, out.data());
+        const double e0 = rel_err(out.data(), dense_all(y, n_now, q.data()));
+        check(e0 < 1e-5, "tau = 0 over the store is dense attention over the cache (relative error " + std::to_string(e0) + ")");
+
+        // truncate to 2500 rows, write other keys there, grow again: a stale plan would attend
+        // to keys the cache no longer holds
+        hp.update(y.keys.data(), y.values.data(), D, 2500);
+        bool dropped = true;
+        for (const plan & r : hp.regions) { dropped = dropped && r.end <= 2500; }
+        check(dropped, "a truncated cache drops every region reaching past it");
+        kv z = y;
+        std::mt19937 rz(4242);
+        for (int64_t r = 2500; r < N; ++r) {
+            for (int64_t d = 0; d < D; ++d) { z.keys[r*D + d] = -y.keys[r*D + d] + 0.5f*g(rz); z.values[r*D + d] = g(rz); }
+        }
+        for (int64_t n_rows = 2500; n_rows <= N; n_rows += 37) { hp.update(z.keys.data(), z.values.data(), D, n_rows); }
+        n_now = 2500 + ((N - 2500)/37)*37;
+        attend_store(hp, z.keys.data(), z.values.data(), D, n_now, q.data(), beta, 0.0f, out.data());
+        const double e1 = rel_err(out.data(), dense_all(z, n_now, q.data()));
+        check(e1 < 1e-5, "after truncation and regrowth the plans hold the new keys (relative error " + std::to_string(e1) + ")");
+        counters st;
+        attend_store(hp, z.keys.data(), z.values.data(), D, n_now, q.data(), beta, 0.2f, out.data(), &st);
+        check(st.opened_rows > 0 && st.exact_rows >= hp.cfg.sink + hp.cfg.recent, "the store opens clusters across regions");
+    }
+
     // calibration on a constructed error curve: grid 0.01 0.02 0.05 0.1; medians 0.004 0.02 0.03 0.2
     {
         const std::vector<float> grid = {0.01f, 0.02f, 0.05f, 0.1f};
