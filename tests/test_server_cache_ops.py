@@ -54,8 +54,8 @@ def test_slot_save_restore_and_prompt_reuse(start_server, smollm2: Path, tmp_pat
 def context_shift_run(start_server, model: Path, name: str, flags: list[str]) -> tuple[str, str]:
     server = start_server(ServerConfig(model=model, ctx_size=1024, extra_args=["--context-shift", *flags]), name=name)
     prompt = reference_text()[:1500]
-    r = server.complete(prompt, n_predict=700, ignore_eos=True, n_keep=32)
-    assert r["tokens_predicted"] == 700
+    r = server.complete(prompt, n_predict=450, ignore_eos=True, n_keep=32)
+    assert r["tokens_predicted"] == 450
     return r["content"], server.log_path.read_text(errors="replace")
 
 
@@ -63,6 +63,7 @@ def test_context_shift(start_server, smollm2: Path) -> None:
     dense, dense_log = context_shift_run(start_server, smollm2, "dense", [])
     select_all, log = context_shift_run(start_server, smollm2, "select-all", SELECT_ALL)
     assert "slot context shift" in dense_log and "slot context shift" in log
-    assert dense == select_all
+    first_diff = next((i for i, (a, b) in enumerate(zip(dense, select_all)) if a != b), None)
+    assert dense == select_all, f"select-all departs from dense at character {first_diff} of {len(dense)}"
     top_k, log = context_shift_run(start_server, smollm2, "top-k", TOP_K)
     assert "slot context shift" in log and "sparse attention: decode read" in log and len(top_k) > 0

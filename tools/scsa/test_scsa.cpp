@@ -83,6 +83,20 @@ static double rel_err(const float * a, const std::vector<double> & b) {
     return std::sqrt(e/std::max(n, 1e-30));
 }
 
+// log-sum-exp of the scores beta q.k over the exact rows, in double
+static double exact_lse(const float * q, const exact_rows & ex, float beta, int64_t D) {
+    std::vector<double> sc;
+    for (int64_t j = 0; j < ex.n; ++j) {
+        double v = 0.0;
+        for (int64_t d = 0; d < D; ++d) { v += (double) q[d]*ex.keys[j*D + d]; }
+        sc.push_back(beta*v);
+    }
+    const double mx = *std::max_element(sc.begin(), sc.end());
+    double acc = 0.0;
+    for (double v : sc) { acc += std::exp(v - mx); }
+    return mx + std::log(acc);
+}
+
 int main() {
     const int64_t D = 64, n = 4096, sink = 4, recent = 32;
     const float beta = 1.0f/std::sqrt((float) D);
@@ -171,19 +185,7 @@ int main() {
         // tau = 0.2: the opened clusters exactly, the rest as m exp(a) at the value mean
         std::vector<float> lm(p.clusters.size());
         priorities(p, q.data(), beta, lm.data());
-        double lse_ex = -INFINITY;
-        {
-            std::vector<double> s;
-            for (int64_t j = 0; j < ex.n; ++j) {
-                double v = 0.0;
-                for (int64_t d = 0; d < D; ++d) { v += (double) q[d]*ex.keys[j*D + d]; }
-                s.push_back(beta*v);
-            }
-            const double mx = *std::max_element(s.begin(), s.end());
-            double acc = 0.0;
-            for (double v : s) { acc += std::exp(v - mx); }
-            lse_ex = mx + std::log(acc);
-        }
+        const double lse_ex = exact_lse(q.data(), ex, beta, D);
         const std::vector<int32_t> open = select_open(p, lm.data(), (float) lse_ex, 0.2f);
         std::vector<uint8_t> is_open(p.clusters.size(), 0);
         for (int32_t i : open) { is_open[i] = 1; }
@@ -244,20 +246,7 @@ int main() {
             worst0 = std::max(worst0, rel_err(hier.data(), fd));
 
             // tau = 0.2: open leaves exactly, the frontier's aggregates as tails
-            std::vector<double> s_ex;
-            double lse = -INFINITY;
-            {
-                std::vector<double> sc;
-                for (int64_t j = 0; j < ex.n; ++j) {
-                    double v = 0.0;
-                    for (int64_t d = 0; d < D; ++d) { v += (double) q[d]*ex.keys[j*D + d]; }
-                    sc.push_back(beta*v);
-                }
-                const double mx = *std::max_element(sc.begin(), sc.end());
-                double acc = 0.0;
-                for (double v : sc) { acc += std::exp(v - mx); }
-                lse = mx + std::log(acc);
-            }
+            const double lse = exact_lse(q.data(), ex, beta, D);
             const hier_selection sel = select_hier(p, t, q.data(), beta, (float) lse, 0.2f);
             std::vector<std::pair<const float *, const float *>> rows;
             std::vector<std::tuple<double, double, const float *>> tails;
