@@ -21,6 +21,8 @@ _EVAL = re.compile(
     rf"(prompt eval|eval) time =\s+{_NUM} ms /\s+(\d+) (?:tokens|runs)\s+\(\s*{_NUM} ms per token,\s+{_NUM} tokens per second\)")
 _TOTAL = re.compile(rf"total time =\s+{_NUM} ms /\s+(\d+) tokens")
 _SPARSE = re.compile(rf"sparse attention: decode read\s+{_NUM}% of the visible KV blocks \((\d+) of (\d+) block reads\)")
+# SCSA: rows read exactly (opened clusters and exact rows) out of the rows visible to its calls
+_SCSA = re.compile(rf"scsa: decode read\s+{_NUM}% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ def parse(text: str) -> list[RequestTiming]:
             # printed after the request's total line
             read, visible = int(sp.group(2)), int(sp.group(3))
             out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible)
+            continue
+        sc = _SCSA.search(line)
+        if sc and out and (out[-1].slot, out[-1].task) == key:
+            read, visible = int(sc.group(2)) + int(sc.group(3)), int(sc.group(4))
+            if visible > 0:
+                out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible)
     return out
 
 

@@ -140,7 +140,7 @@ int main() {
     // deterministic: the same input gives the same plan, bit for bit
     {
         const plan p2 = build_plan(x.keys.data(), x.values.data(), D, sink, n - recent, cfg);
-        bool same = p2.members == p.members && p2.clusters.size() == p.clusters.size() && p2.keys_f16 == p.keys_f16;
+        bool same = p2.members == p.members && p2.clusters.size() == p.clusters.size() && p2.keys_packed == p.keys_packed;
         for (size_t i = 0; same && i < p.clusters.size(); ++i) {
             same = p.clusters[i].eigval == p2.clusters[i].eigval && p.clusters[i].eigvec == p2.clusters[i].eigvec &&
                    p.clusters[i].centroid == p2.clusters[i].centroid;
@@ -159,8 +159,11 @@ int main() {
     const exact_rows ex{ex_k.data(), ex_v.data(), (int64_t) ex_k.size()/D};
 
     // f16 copies of the plan's keys and values, for the direct computations
-    std::vector<float> pk(p.keys_f16.size()), pv(p.values_f16.size());
-    for (size_t i = 0; i < pk.size(); ++i) { pk[i] = ggml_fp16_to_fp32(p.keys_f16[i]); pv[i] = ggml_fp16_to_fp32(p.values_f16[i]); }
+    std::vector<float> pk(p.members.size()*D), pv(p.members.size()*D);
+    for (size_t i = 0; i < p.members.size(); ++i) {
+        ggml_fp16_to_fp32_row((const ggml_fp16_t *) p.key_row(i),   pk.data() + i*D, D);
+        ggml_fp16_to_fp32_row((const ggml_fp16_t *) p.value_row(i), pv.data() + i*D, D);
+    }
     check(pk[5] == f16r(x.keys[p.members[0]*D + 5]), "packed keys are the f16 copies of the members");
 
     std::mt19937 rng(99);

@@ -30,6 +30,7 @@ from llama_sparse.gates.spec import Arm
 from llama_sparse.server import ServerProcess
 
 DEPTH0_TOKENS = 16
+SCSA_CALIB_STEPS = 32   # llama.cpp's default --scsa-calib-steps
 
 
 def bound(coverage: float, t0_ms: float, tfull_ms: float) -> float:
@@ -42,6 +43,24 @@ def prompt_tokens(server: ServerProcess, n_tokens: int) -> list[int]:
     if len(toks) < n_tokens:
         raise UserError(f"could not build a prompt of {n_tokens} tokens")
     return toks
+
+
+def warmup_tokens(arm: Arm) -> int:
+    """Tokens the first round decodes: one (the prefill), or for an SCSA arm its calibration
+    window too, so that the timed repeats measure the calibrated operator."""
+    if _flag(arm.flags, "--sparse-attn") != "scsa" or _flag(arm.flags, "--scsa-taus") is not None:
+        return 1
+    steps = _flag(arm.flags, "--scsa-calib-steps")
+    return 1 + (int(steps) if steps is not None else SCSA_CALIB_STEPS)
+
+
+def _flag(flags: tuple[str, ...], name: str) -> str | None:
+    for i, tok in enumerate(flags):
+        if tok == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if tok.startswith(name + "="):
+            return tok.split("=", 1)[1]
+    return None
 
 
 def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict: int) -> dict:
@@ -87,7 +106,7 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
                 if prompt is None:
                     prompt = prompt_tokens(server, n_ctx - n_predict - 1)
-                decode_round(server, prompt, batch, 1)  # prefill once; later rounds reuse it
+                decode_round(server, prompt, batch, warmup_tokens(arm))  # prefill once; later rounds reuse it
                 servers[arm.name] = server
             except UserError as e:
                 results[arm.name].fail(str(e))

@@ -64,11 +64,11 @@ def run(ctx: GateContext) -> None:
                     except UserError as e:
                         ctx.record(result.fail(str(e)))
                         continue
-                    m = logitsdump.compare(reference, other)
+                    m = logitsdump.compare(reference, other, spec.skip_steps)
                     result.metrics = {k: float(v) for k, v in m.items()}
                     result.samples = [{"step": i, "ref_top1": int(reference.logits[i].argmax()),
                                        "arm_top1": int(other.logits[i].argmax())}
-                                      for i in range(int(m["steps"]))]
+                                      for i in range(spec.skip_steps, spec.skip_steps + int(m["steps"]))]
                     result.passed = all(check(m[metric], spec.thresholds[name])
                                         for name, (metric, check) in CHECKS.items() if name in spec.thresholds)
                     ctx.record(result)

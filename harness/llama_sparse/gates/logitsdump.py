@@ -79,10 +79,13 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def compare(ref: LogitsDump, other: LogitsDump) -> dict[str, float]:
-    """Per-step agreement of `other` with `ref` over the rows both have."""
-    rows = min(len(ref.tokens), len(other.tokens))
-    a, b = ref.logits[:rows], other.logits[:rows]
+def compare(ref: LogitsDump, other: LogitsDump, skip: int = 0) -> dict[str, float]:
+    """Per-step agreement of `other` with `ref` over the rows both have, from row `skip` on."""
+    end = min(len(ref.tokens), len(other.tokens))
+    if skip >= end:
+        raise ValueError(f"skip {skip} leaves none of the {end} rows to compare")
+    a, b = ref.logits[skip:end], other.logits[skip:end]
+    rows = end - skip
     p, q = softmax(a), softmax(b)
     with np.errstate(divide="ignore", invalid="ignore"):
         kl = np.where(p > 0, p * (np.log(p) - np.log(np.maximum(q, 1e-300))), 0.0).sum(axis=-1)

@@ -130,6 +130,8 @@ class GateSpec:
     clients: int = 8                            # load: concurrent clients
     requests: int = 200                         # load: requests sent under load, at most
     time_limit: float = 900.0                   # load: seconds; no request is sent after it
+    skip_steps: int = 0                         # logits only: leading rows left out of the comparison
+                                                # (the prefill's row and SCSA's calibration steps)
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -154,7 +156,7 @@ class GateSpec:
             "arms": [a.to_dict() for a in self.arms], "samples": self.samples,
             "tasks": list(self.tasks), "repeats": self.repeats, "n_predict": self.n_predict,
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
-            "time_limit": self.time_limit, "seed": self.seed, "threads": self.threads,
+            "time_limit": self.time_limit, "skip_steps": self.skip_steps, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 
@@ -393,7 +395,7 @@ def _flag_value(flags: tuple[str, ...], flag: str) -> str | None:
 def _uses_sparse_flags(flags: tuple[str, ...]) -> bool:
     if _flag_value(flags, "--sparse-attn") in ("off", "0", "false", "none"):
         return False
-    return any(tok.startswith("--sparse") for tok in flags)
+    return any(tok.startswith(("--sparse", "--scsa")) for tok in flags)
 
 
 def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
@@ -487,10 +489,10 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
 
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
             "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
-            "seed", "threads", "thresholds")
+            "skip_steps", "seed", "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
 KIND_ONLY = {"tasks": ("niah", "load"), "repeats": ("ab",), "batch": ("ab", "niah", "load"),
-             "clients": ("load",), "requests": ("load",), "time_limit": ("load",)}
+             "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",)}
 MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1}
 
 
@@ -577,6 +579,12 @@ def load(path: Path) -> GateSpec:
             values["repeats"] = _positive_int(ck, data, "repeats")
     if "seed" in data:
         values["seed"] = _positive_int(ck, data, "seed", 0)
+    if "skip_steps" in data:
+        values["skip_steps"] = _positive_int(ck, data, "skip_steps", 0)
+        if isinstance(values["skip_steps"], int) and isinstance(values.get("samples"), int) \
+                and values["skip_steps"] >= values["samples"] + 1:
+            ck.fail(lines["skip_steps"], f"skip_steps: {values['skip_steps']} leaves none of the "
+                                         f"{values['samples'] + 1} rows (samples + the prefill's) to compare")
     if "threads" in data:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
     if "n_predict" not in data and kind == "niah":
