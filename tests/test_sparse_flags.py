@@ -11,7 +11,7 @@ from llama_sparse.binaries import binary
 pytestmark = pytest.mark.slow
 
 BAD_VALUES = [
-    (["--sparse-attn", "maybe"], "--sparse-attn takes off, on or auto"),
+    (["--sparse-attn", "maybe"], "--sparse-attn takes off, on, auto or scsa"),
     (["--sparse-attn-block-size", "48"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 48"),
     (["--sparse-attn-block-size", "8192"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 8192"),
     (["--sparse-attn-block-size", "4128"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got 4128"),

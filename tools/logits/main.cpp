@@ -18,6 +18,7 @@
 #include "arg.h"
 #include "common.h"
 #include "llama.h"
+#include "log.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -74,7 +75,11 @@ int main(int argc, char ** argv) {
     auto init = common_init_from_params(params);
     llama_context * ctx = init->context();
     llama_model * model = init->model();
-    if (!ctx || !model) { fprintf(stderr, "error: failed to load the model\n"); return 1; }
+    if (!ctx || !model) {
+        common_log_flush(common_log_main()); // the reason is in the log: let it out before exiting
+        fprintf(stderr, "error: failed to load the model\n");
+        return 1;
+    }
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
 
@@ -119,6 +124,16 @@ int main(int argc, char ** argv) {
     }
     fclose(out);
     fprintf(stderr, "wrote %d rows of %d logits (prompt %zu tokens) to %s\n", n_steps + 1, n_vocab, prompt.size(), out_path.c_str());
+    llama_scsa_stats scsa;
+    if (llama_scsa_get_stats(ctx, &scsa)) {
+        // what SCSA did over the run, for the gates and tests that read this log
+        fprintf(stderr, "scsa: calls %lld, read %lld of %lld visible rows (opened %lld, exact %lld), rebuilds %lld, "
+                        "exact calls %lld, calibration %d steps, %s\n",
+                (long long) scsa.calls, (long long) (scsa.opened_rows + scsa.exact_rows), (long long) scsa.visible_rows,
+                (long long) scsa.opened_rows, (long long) scsa.exact_rows, (long long) scsa.rebuilds,
+                (long long) scsa.dense_calls, scsa.calib_steps, scsa.calibrated ? "taus frozen" : "calibrating");
+    }
+    common_log_flush(common_log_main());
     llama_backend_free();
     return 0;
 }

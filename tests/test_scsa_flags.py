@@ -1,0 +1,172 @@
+"""SCSA's flags and start-up checks: every --scsa-* flag refuses a bad value naming the flag and
+its range, the range edges are accepted and decode, and what the operator cannot serve (a KV
+type it cannot read, several sequences, flash attention off, a recurrent model, a malformed
+taus file) is refused with the reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llama_sparse.binaries import binary
+
+pytestmark = pytest.mark.slow
+
+BAD_VALUES = [
+    (["--scsa-tolerance", "0"], "--scsa-tolerance must be a number in (0, 1], got '0'"),
+    (["--scsa-tolerance", "1.5"], "--scsa-tolerance must be a number in (0, 1], got '1.5'"),
+    (["--scsa-tolerance", "low"], "--scsa-tolerance must be a number in (0, 1], got 'low'"),
+    (["--scsa-calib-steps", "-1"], "--scsa-calib-steps must be in [0, 4096], got -1"),
+    (["--scsa-calib-steps", "4097"], "--scsa-calib-steps must be in [0, 4096], got 4097"),
+    (["--scsa-packed", "q4_0"], "--scsa-packed takes q8_0 or f16, got 'q4_0'"),
+    (["--scsa-cluster-size", "7"], "--scsa-cluster-size must be in [8, 4096], got 7"),
+    (["--scsa-cluster-size", "4097"], "--scsa-cluster-size must be in [8, 4096], got 4097"),
+    (["--scsa-rebuild-interval", "31"], "--scsa-rebuild-interval must be in [32, 65536], got 31"),
+    (["--scsa-rebuild-interval", "65537"], "--scsa-rebuild-interval must be in [32, 65536], got 65537"),
+    (["--scsa-block-size", "31"], "--scsa-block-size must be in [32, 1048576]"),
+    (["--scsa-block-size", "1048577"], "--scsa-block-size must be in [32, 1048576]"),
+    (["--sparse-attn", "scsa", "--scsa-block-size", "1000"],
+     "--scsa-block-size (1000) must be a multiple of --scsa-rebuild-interval (512)"),
+    (["--scsa-sink", "-1"], "--scsa-sink must be in [0, 65536], got -1"),
+    (["--scsa-sink", "65537"], "--scsa-sink must be in [0, 65536], got 65537"),
+    (["--scsa-recent", "-1"], "--scsa-recent must be in [0, 65536], got -1"),
+    (["--scsa-recent", "65537"], "--scsa-recent must be in [0, 65536], got 65537"),
+    (["--scsa-taus", ""], "--scsa-taus needs a file name"),
+    (["--sparse-attn", "scsa", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
+]
+
+
+@pytest.mark.parametrize("tool", ["llama-server", "llama-cli"])
+@pytest.mark.parametrize("args,message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_bad_value_refused_at_startup(tool: str, args: list[str], message: str, tiny_qwen3) -> None:
+    proc = subprocess.run([str(binary(tool)), "-m", str(tiny_qwen3), *args], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+
+
+def test_bad_environment_value_refused(tiny_qwen3) -> None:
+    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_qwen3)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "LLAMA_ARG_SCSA_TOLERANCE": "2"}, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert "--scsa-tolerance must be a number in (0, 1], got '2'" in proc.stderr + proc.stdout
+
+
+def test_help_lists_every_flag() -> None:
+    out = subprocess.run([str(binary("llama-server")), "--help"], capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    for flag in ("--scsa-tolerance", "--scsa-calib-steps", "--scsa-taus ", "--scsa-taus-out", "--scsa-hierarchical",
+                 "--scsa-packed", "--scsa-cluster-size", "--scsa-rebuild-interval", "--scsa-block-size",
+                 "--scsa-sink", "--scsa-recent", "'scsa'"):
+        assert flag in text, flag
+
+
+def run_logits(model: Path, tmp_path: Path, *args: str, steps: int = 2, ctx: int = 1024,
+               prompt_text: str = "The grass is green. " * 200) -> subprocess.CompletedProcess:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(prompt_text)
+    return subprocess.run([str(binary("llama-sparse-logits")), "-m", str(model), "-f", str(prompt), "-c", str(ctx),
+                           "-fa", "on", "--sparse-attn", "scsa", *args, "--dump-steps", str(steps),
+                           "--dump-prompt-tokens", str(ctx - steps - 1), "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=300)
+
+
+# the edges of every range are accepted, and the model decodes with them (small sizes so that
+# the plans hold clusters within the 1024-token test context)
+EDGE_VALUES = [
+    ["--scsa-tolerance", "1"], ["--scsa-tolerance", "0.0001"],
+    ["--scsa-calib-steps", "0"], ["--scsa-calib-steps", "4096"],
+    ["--scsa-cluster-size", "8"], ["--scsa-cluster-size", "4096"],
+    ["--scsa-rebuild-interval", "32", "--scsa-block-size", "64"],
+    ["--scsa-rebuild-interval", "65536", "--scsa-block-size", "65536"],
+    ["--scsa-block-size", "1048576", "--scsa-rebuild-interval", "32"],
+    ["--scsa-sink", "0"], ["--scsa-sink", "65536"],
+    ["--scsa-recent", "0"], ["--scsa-recent", "65536"],
+    ["--scsa-packed", "f16"], ["--scsa-packed", "q8_0"], ["--scsa-hierarchical"],
+]
+
+
+@pytest.mark.parametrize("args", EDGE_VALUES, ids=[" ".join(a) for a in EDGE_VALUES])
+def test_range_edges_accepted(args: list[str], tiny_qwen3, tmp_path) -> None:
+    small = [] if "--scsa-rebuild-interval" in args else ["--scsa-rebuild-interval", "64", "--scsa-block-size", "256"]
+    proc = run_logits(tiny_qwen3, tmp_path, *small, *args, steps=4)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "wrote 5 rows" in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-ctk", "q8_0", "-ctv", "q8_0"], "SCSA reads the KV cache directly and needs it f16; this cache is K q8_0, V q8_0"),
+    (["-ctk", "q4_0"], "needs it f16; this cache is K q4_0, V f16"),
+])
+def test_kv_type_it_cannot_read_is_refused(args: list[str], message: str, tiny_qwen3, tmp_path) -> None:
+    proc = run_logits(tiny_qwen3, tmp_path, *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_several_slots_refused(tiny_qwen3) -> None:
+    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_qwen3), "--sparse-attn", "scsa", "-np", "2",
+                           "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "--sparse-attn scsa serves one sequence: use --parallel 1 (got 2)" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_mamba(tmp_path_factory) -> Path:
+    from tiny_mamba import write_tiny_mamba
+
+    return write_tiny_mamba(tmp_path_factory.mktemp("mamba") / "tiny-mamba.gguf")
+
+
+def test_model_it_cannot_serve_is_refused(tiny_mamba, tmp_path) -> None:
+    proc = run_logits(tiny_mamba, tmp_path)
+    assert proc.returncode != 0
+    assert ("sparse_attn = scsa (--sparse-attn scsa): its memory is not a plain attention KV cache "
+            "(recurrent or hybrid models are not supported)") in proc.stderr
+
+
+MALFORMED_TAUS = [
+    ("", "no opening {"),
+    ('{"0:0": 0.05', "expected , or } after the value of \"0:0\""),
+    ('{"0-0": 0.05}', "key \"0-0\" is not \"layer:head\""),
+    ('{"0:0": "low"}', "the value of \"0:0\" is not a number"),
+    ('{"0:0": 1.5}', "tau 1.500000 of \"0:0\" is outside [0, 1)"),
+    ('{"0:0": 0.05, "0:0": 0.1}', "key \"0:0\" appears twice"),
+    ('{"0:0": 0.05} trailing', "text after the closing }"),
+]
+
+
+@pytest.mark.parametrize("text,message", MALFORMED_TAUS, ids=[m for _, m in MALFORMED_TAUS])
+def test_malformed_taus_json_refused(text: str, message: str, tiny_qwen3, tmp_path) -> None:
+    taus = tmp_path / "taus.json"
+    taus.write_text(text)
+    proc = run_logits(tiny_qwen3, tmp_path, "--scsa-taus", str(taus))
+    assert proc.returncode != 0
+    assert f"{taus}: malformed SCSA taus JSON at byte" in proc.stderr
+    assert message in proc.stderr
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"7:0": 0.05}', "layer 7 has no SCSA plans (the model has 2 layers"),
+    ('{"1:8": 0.05}', "layer 1 has 8 query heads, the file names head 8"),
+])
+def test_taus_naming_what_the_model_lacks_refused(text: str, message: str, tiny_qwen3, tmp_path) -> None:
+    taus = tmp_path / "taus.json"
+    taus.write_text(text)
+    proc = run_logits(tiny_qwen3, tmp_path, "--scsa-taus", str(taus))
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_missing_taus_file_refused(tiny_qwen3, tmp_path) -> None:
+    proc = run_logits(tiny_qwen3, tmp_path, "--scsa-taus", str(tmp_path / "nope.json"))
+    assert proc.returncode != 0
+    assert f"cannot read the taus file {tmp_path / 'nope.json'}" in proc.stderr
+
+
+def test_unwritable_taus_out_refused_before_any_work(tiny_qwen3, tmp_path) -> None:
+    proc = run_logits(tiny_qwen3, tmp_path, "--scsa-taus-out", str(tmp_path / "no" / "such" / "dir" / "t.json"))
+    assert proc.returncode != 0
+    assert "cannot write the taus file" in proc.stderr

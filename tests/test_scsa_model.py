@@ -1,0 +1,120 @@
+"""SCSA on real models: with every cluster opened and f16 packing it is dense attention (within
+the noise of another summation order), calibration writes taus that load back, and plans never outlive the keys they
+summarise (a prompt that reuses part of the cache replans and still agrees with dense)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_sparse.gates import logitsdump, texts
+from llama_sparse.server import ServerConfig
+
+pytestmark = pytest.mark.slow
+
+TAU_GRID = {0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3}
+TOOL_LINE = re.compile(r"scsa: calls (?P<calls>\d+), read \d+ of \d+ visible rows \(opened (?P<opened>\d+), "
+                       r"exact \d+\), rebuilds \d+, exact calls (?P<exact_calls>\d+), calibration (?P<calib>\d+) steps, "
+                       r"(?P<state>taus frozen|calibrating)")
+SMALL_PLANS = ["--scsa-rebuild-interval", "128", "--scsa-block-size", "512", "--scsa-cluster-size", "32"]
+
+
+def taus_file(path: Path, n_layer: int, n_head: int, tau: float) -> Path:
+    path.write_text(json.dumps({f"{il}:{h}": tau for il in range(n_layer) for h in range(n_head)}))
+    return path
+
+
+def dump(model: Path, tmp_path: Path, name: str, flags: list[str], ctx: int = 2048, steps: int = 24,
+         force: Path | None = None, threads: int = 2) -> logitsdump.LogitsDump:
+    prompt = tmp_path / "prompt.txt"
+    if not prompt.exists():
+        prompt.write_text(texts.reference_text()[: 8 * ctx])
+    req = logitsdump.DumpRequest(model=model, prompt_file=prompt, ctx_size=ctx, steps=steps,
+                                 out=tmp_path / f"{name}.bin", flags=tuple(flags), force=force,
+                                 prompt_tokens=ctx - steps - 1, threads=threads)
+    return logitsdump.run(req, tmp_path / f"{name}.log")
+
+
+@pytest.mark.parametrize("model_name,n_layer,n_head", [("tiny_qwen3", 2, 8), ("smollm2", 30, 9)])
+def test_every_cluster_opened_with_f16_packing_is_dense(model_name, n_layer, n_head, request, tmp_path) -> None:
+    model = request.getfixturevalue(model_name)
+    dense = dump(model, tmp_path, "dense", [])
+    stream = tmp_path / "stream.bin"
+    dense.tokens[:-1].astype(np.int32).tofile(stream)
+    tau0 = taus_file(tmp_path / "tau0.json", n_layer, n_head, 0.0)
+    exact = dump(model, tmp_path, "scsa-tau0", ["--sparse-attn", "scsa", "--scsa-packed", "f16",
+                                                "--scsa-taus", str(tau0), *SMALL_PLANS], force=stream)
+    loose = dump(model, tmp_path, "scsa-tau03", ["--sparse-attn", "scsa", "--scsa-calib-steps", "0",
+                                                 "--scsa-taus", str(taus_file(tmp_path / "t.json", n_layer, n_head, 0.3)),
+                                                 *SMALL_PLANS], force=stream)
+    # the noise floor: dense itself on one thread instead of two (another summation order). On
+    # SmolLM2 (q4_1 weights) that alone moves the logits by up to ~1 and KL ~1e-3
+    floor = logitsdump.compare(dense, dump(model, tmp_path, "dense-1t", [], force=stream, threads=1), skip=1)
+    m_exact = logitsdump.compare(dense, exact, skip=1)
+    m_loose = logitsdump.compare(dense, loose, skip=1)
+    assert m_exact["top1"] == 1.0
+    assert m_exact["kl_mean"] <= max(4 * floor["kl_mean"], 1e-5), (m_exact, floor)
+    # the plans are in use: a loose threshold moves the distributions far more than rounding does
+    assert m_loose["kl_mean"] > 10 * max(m_exact["kl_mean"], 1e-9), (m_exact, m_loose)
+    # the loaded taus were used from the first step: no calibration (exact) calls, clusters opened
+    run = TOOL_LINE.search((tmp_path / "scsa-tau0.log").read_text())
+    assert run and int(run["exact_calls"]) == 0 and run["state"] == "taus frozen" and int(run["opened"]) > 0, run
+
+
+def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
+    out = tmp_path / "taus.json"
+    dump(tiny_qwen3, tmp_path, "calibrate", ["--sparse-attn", "scsa", "--scsa-calib-steps", "8",
+                                             "--scsa-taus-out", str(out), *SMALL_PLANS], steps=16)
+    taus = json.loads(out.read_text())
+    assert set(taus) == {f"{il}:{h}" for il in range(2) for h in range(8)}
+    assert all(v in TAU_GRID or v == 0.05 for v in taus.values()), taus   # the grid, or the fallback
+    run = TOOL_LINE.search((tmp_path / "calibrate.log").read_text())
+    assert run and int(run["calib"]) == 8 and run["state"] == "taus frozen", run
+    assert int(run["exact_calls"]) == 8 * 2 * 8      # 8 steps x 2 layers x 8 heads ran exact
+
+    dump(tiny_qwen3, tmp_path, "load", ["--sparse-attn", "scsa", "--scsa-taus", str(out), *SMALL_PLANS], steps=4)
+    run = TOOL_LINE.search((tmp_path / "load.log").read_text())
+    assert run and int(run["exact_calls"]) == 0 and int(run["calib"]) == 0 and run["state"] == "taus frozen", run
+
+
+SCSA_LINE = re.compile(r"scsa: decode read\s+([0-9.]+)% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\); "
+                       r"calls (\d+), clusters scored (\d+), rebuilds (\d+), exact calls (\d+); calibration (\d+) steps, (.*)")
+
+
+def test_prompt_reusing_part_of_the_cache_replans(tiny_qwen3, start_server, tmp_path) -> None:
+    """Request 2 keeps request 1's first 600 tokens from the cache and replaces the rest: the
+    plans over the replaced cells must go. With every cluster opened and f16 packing, SCSA's
+    answer then matches dense's (tiny-qwen3: no q4 weights to amplify rounding); a plan left
+    over the old keys would not."""
+    text = texts.reference_text()
+    tau0 = taus_file(tmp_path / "tau0.json", 2, 8, 0.0)
+    common = ["--scsa-packed", "f16", "--scsa-taus", str(tau0), *SMALL_PLANS]
+    servers = {
+        "dense": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2), "dense"),
+        "scsa": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2,
+                                          extra_args=["--sparse-attn", "scsa", *common]), "scsa"),
+    }
+    first = servers["dense"].tokenize(text[:3000])[:2400]
+    second = first[:600] + servers["dense"].tokenize(text[6000:9000])[:1800]
+    answers = {}
+    for name, server in servers.items():
+        server.complete(first, n_predict=8)
+        answers[name] = server.complete(second, n_predict=24, n_probs=5)
+    assert answers["scsa"]["tokens_evaluated"] == answers["dense"]["tokens_evaluated"]
+    reused = answers["scsa"].get("tokens_cached", 0)
+    assert reused >= 600, f"the second prompt did not reuse the cache ({reused} tokens cached)"
+    assert answers["scsa"]["content"] == answers["dense"]["content"]
+    for a, b in zip(answers["dense"]["completion_probabilities"], answers["scsa"]["completion_probabilities"]):
+        la = {t["id"]: t["logprob"] for t in a["top_logprobs"]}
+        lb = {t["id"]: t["logprob"] for t in b["top_logprobs"]}
+        assert set(la) == set(lb)
+        for tok in la:
+            assert abs(la[tok] - lb[tok]) < 5e-3, (tok, la[tok], lb[tok])   # dense accumulates V in f16
+    lines = SCSA_LINE.findall(servers["scsa"].log_path.read_text())
+    assert len(lines) == 2
+    rebuilds_second = int(lines[1][6])
+    assert rebuilds_second > 0, "the second request built no plan over its new keys"
