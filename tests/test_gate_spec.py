@@ -318,3 +318,45 @@ def test_load_kind_refuses_bad_values(tmp_path: Path) -> None:
         """)
     assert "batch: kind load takes one value" in msg
     assert "clients:" in msg and "time_limit: must be a positive number of seconds" in msg
+
+
+def test_skip_steps_for_logits(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, """\
+        kind: logits
+        models: [smollm2-135m]
+        context_lengths: [2048]
+        samples: 64
+        skip_steps: 33
+        arms: [dense, {name: scsa, flags: [--sparse-attn, scsa]}]
+        """))
+    assert spec.skip_steps == 33
+    assert spec.arms[1].sparse     # an SCSA arm is a sparse arm (it needs the patched build)
+
+
+@pytest.mark.parametrize("extra, expect", [
+    ("skip_steps: 65", "skip_steps: 65 leaves none of the 65 rows"),
+    ("skip_steps: -1", "skip_steps: -1 is out of range"),
+    ("skip_steps: many", "skip_steps: must be an integer"),
+])
+def test_skip_steps_bad_values(tmp_path: Path, extra: str, expect: str) -> None:
+    msg = refused(tmp_path, f"""\
+        kind: logits
+        models: [smollm2-135m]
+        context_lengths: [2048]
+        samples: 64
+        {extra}
+        arms: [dense, dense-again]
+        """)
+    assert expect in msg
+
+
+def test_skip_steps_is_for_logits_only(tmp_path: Path) -> None:
+    msg = refused(tmp_path, yaml.safe_dump({**BASE, "skip_steps": 3}))
+    assert "skip_steps: applies to kind logits only" in msg
+
+
+def test_scsa_flags_mark_an_arm_sparse(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, yaml.safe_dump({**BASE, "arms": [
+        "dense", {"name": "scsa-tuned", "flags": ["--sparse-attn", "scsa", "--scsa-tolerance", "0.05"]}]})))
+    assert [a.sparse for a in spec.arms] == [False, True]
+    assert spec.arms[1].coverage is None   # SCSA reads what its thresholds open: no fixed coverage bound

@@ -35,3 +35,22 @@ def test_incomplete_block_is_not_a_record() -> None:
     lines = DATA.read_text().splitlines()
     without_total = "\n".join(ln for ln in lines if "total time" not in ln)
     assert timings.parse(without_total) == []
+
+
+SCSA_LOG = """\
+0.10.000.001 I slot print_timing: id  0 | task 5 | prompt eval time =    100.00 ms /    10 tokens (   10.00 ms per token,   100.00 tokens per second)
+0.10.000.002 I slot print_timing: id  0 | task 5 |        eval time =    200.00 ms /    20 tokens (   10.00 ms per token,   100.00 tokens per second)
+0.10.000.003 I slot print_timing: id  0 | task 5 |       total time =    300.00 ms /    30 tokens
+0.10.000.004 I slot print_timing: id  0 | task 5 | scsa: decode read  22.5% of the visible rows (opened 1500, exact 750, of 10000); calls 270, clusters scored 16200, rebuilds 0, exact calls 0; calibration 32 steps, taus frozen
+"""
+
+
+def test_scsa_read_fraction_is_the_rows_read_over_the_visible() -> None:
+    (rec,) = timings.parse(SCSA_LOG)
+    assert rec.sparse_read_fraction == (1500 + 750) / 10000
+
+
+def test_scsa_line_of_another_request_is_not_taken() -> None:
+    other = SCSA_LOG.replace("| task 5 | scsa", "| task 6 | scsa")
+    (rec,) = timings.parse(other)
+    assert rec.sparse_read_fraction is None

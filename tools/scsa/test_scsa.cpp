@@ -379,6 +379,86 @@ int main() {
         check(pe.clusters.size() == 8 && finite, "all-equal keys: 8 clusters of at most 128, output the common value");
     }
 
+    // q8_0 packing: the same clusters, members packed in q8_0; with every cluster opened the
+    // answer is dense attention over the q8_0-rounded keys and values (within their rounding)
+    {
+        config c8 = cfg;
+        c8.packed = GGML_TYPE_Q8_0;
+        const plan p8 = build_plan(x.keys.data(), x.values.data(), D, sink, n - recent, c8);
+        check(p8.members == p.members && p8.row_bytes == ggml_row_size(GGML_TYPE_Q8_0, D),
+              "q8_0 packing: the same members, rows of a q8_0 row's size");
+        std::vector<float> q(D), o16(D), o8(D);
+        for (int64_t d = 0; d < D; ++d) { q[d] = x.centres[d] + 0.1f*(float) (d % 5); }
+        attend(p, exact_rows{}, q.data(), beta, 0.0f, o16.data());
+        attend(p8, exact_rows{}, q.data(), beta, 0.0f, o8.data());
+        std::vector<double> ref(o16.begin(), o16.end());
+        const double e = rel_err(o8.data(), ref);
+        check(e > 0.0 && e < 2e-2, "q8_0 packing at tau 0 within q8_0 rounding of f16 packing (rel err " + std::to_string(e) + ")");
+    }
+
+    // one sort serves every tau: the stop rule's prefix for tau is what select_open opens
+    {
+        std::vector<float> q(D), lm(p.clusters.size());
+        for (int64_t d = 0; d < D; ++d) { q[d] = x.centres[2*D + d]; }
+        priorities(p, q.data(), beta, lm.data());
+        stop_rule rule;
+        rule.init(lm.data(), (int32_t) lm.size(), -INFINITY);
+        bool same = true, monotone = true;
+        int32_t last = (int32_t) lm.size();
+        for (float tau : {0.0f, 0.001f, 0.01f, 0.05f, 0.2f, 0.5f}) {
+            const std::vector<int32_t> open = select_open(p, lm.data(), -INFINITY, tau);
+            const int32_t k = rule.open_count(tau);
+            same = same && (int32_t) open.size() == k && std::equal(open.begin(), open.end(), rule.order.begin());
+            monotone = monotone && k <= last;
+            last = k;
+        }
+        check(same, "stop_rule: open_count(tau) is the prefix select_open opens, for every tau");
+        check(monotone && rule.open_count(0.0f) == (int32_t) lm.size(), "stop_rule: a larger tau opens no more; tau 0 opens all");
+    }
+
+    // the rows a rebuild needs are all update_rows reads, and it plans what update plans
+    {
+        store_config sc;
+        sc.rebuild_interval = 256;
+        sc.block_size       = 1024;
+        head_plans full, rows;
+        full.cfg = rows.cfg = sc;
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int64_t n_rows = 300; n_rows <= n; n_rows += 211) {
+            full.update(x.keys.data(), x.values.data(), D, n_rows);
+            rows.update_rows([&](int64_t r0, int64_t r1, float * k, float * v) {
+                lo = std::min(lo, r0);
+                hi = std::max(hi, r1);
+                std::copy(x.keys.begin() + r0*D, x.keys.begin() + r1*D, k);
+                std::copy(x.values.begin() + r0*D, x.values.begin() + r1*D, v);
+            }, D, n_rows);
+        }
+        bool same = full.regions.size() == rows.regions.size();
+        for (size_t r = 0; same && r < full.regions.size(); ++r) {
+            same = full.regions[r].members == rows.regions[r].members && full.regions[r].keys_packed == rows.regions[r].keys_packed;
+        }
+        check(same && !full.regions.empty(), "update_rows builds the same plans as update");
+        check(lo >= sc.sink && hi <= n - sc.recent, "update_rows reads only sealed rows");
+    }
+
+    // hierarchical over a store: one region's walk is select_hier's
+    {
+        head_plans hp;
+        hp.regions.push_back(p);
+        std::vector<tree> trees = {build_tree(p)};
+        std::vector<float> q(D);
+        for (int64_t d = 0; d < D; ++d) { q[d] = x.centres[3*D + d]; }
+        bool same = true;
+        for (float tau : {0.0f, 0.02f, 0.2f}) {
+            const hier_selection one = select_hier(p, trees[0], q.data(), beta, -INFINITY, tau);
+            const hier_selection_multi many = select_hier_multi(hp, trees, q.data(), beta, -INFINITY, tau);
+            std::vector<int32_t> open_many;
+            for (const auto & [r, c] : many.open) { open_many.push_back(c); }
+            same = same && one.open == open_many && one.expanded == many.expanded;
+        }
+        check(same, "select_hier_multi over one region walks as select_hier");
+    }
+
     printf("scsa: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed ? 1 : 0;
 }
