@@ -124,6 +124,7 @@ int main(int argc, char ** argv) {
     }
     fclose(out);
     fprintf(stderr, "wrote %d rows of %d logits (prompt %zu tokens) to %s\n", n_steps + 1, n_vocab, prompt.size(), out_path.c_str());
+#ifdef LLAMA_SPARSE_SCSA   // the patched tree; this tool is built against upstream's too
     llama_scsa_stats scsa;
     if (llama_scsa_get_stats(ctx, &scsa)) {
         // what SCSA did over the run, for the gates and tests that read this log
@@ -133,6 +134,7 @@ int main(int argc, char ** argv) {
                 (long long) scsa.opened_rows, (long long) scsa.exact_rows, (long long) scsa.rebuilds,
                 (long long) scsa.dense_calls, scsa.calib_steps, scsa.calibrated ? "taus frozen" : "calibrating");
     }
+#endif
     common_log_flush(common_log_main());
     llama_backend_free();
     return 0;
