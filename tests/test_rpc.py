@@ -70,4 +70,4 @@ def test_rpc_protocol_version_bumped_for_the_new_ops(project) -> None:
                                  for p in ("MAJOR", "MINOR", "PATCH"))
     assert version(ours) > version(upstream)
     op_count = lambda text: int(re.search(r"GGML_OP_COUNT == (\d+)", text).group(1))  # noqa: E731
-    assert op_count(ours) == op_count(upstream) + 2    # SPARSE_ATTN_FILL and SPARSE_ATTN_SELECT
+    assert op_count(ours) == op_count(upstream) + 3    # SPARSE_ATTN_FILL, SPARSE_ATTN_SELECT, SCSA_ATTN
