@@ -5,13 +5,13 @@ taus file) is refused with the reason."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from llama_sparse.binaries import binary
+from startup import refuses
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +42,12 @@ BAD_VALUES = [
 @pytest.mark.parametrize("tool", ["llama-server", "llama-cli"])
 @pytest.mark.parametrize("args,message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
 def test_bad_value_refused_at_startup(tool: str, args: list[str], message: str, tiny_qwen3) -> None:
-    proc = subprocess.run([str(binary(tool)), "-m", str(tiny_qwen3), *args], capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0
-    assert message in proc.stderr + proc.stdout
+    assert message in refuses(tool, tiny_qwen3, args)
 
 
 def test_bad_environment_value_refused(tiny_qwen3) -> None:
-    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_qwen3)], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "LLAMA_ARG_SCSA_TOLERANCE": "2"}, stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0
-    assert "--scsa-tolerance must be a number in (0, 1], got '2'" in proc.stderr + proc.stdout
+    msg = refuses("llama-server", tiny_qwen3, [], {"LLAMA_ARG_SCSA_TOLERANCE": "2"})
+    assert "--scsa-tolerance must be a number in (0, 1], got '2'" in msg
 
 
 def test_help_lists_every_flag() -> None:

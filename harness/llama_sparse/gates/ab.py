@@ -26,7 +26,7 @@ from llama_sparse.errors import UserError
 from llama_sparse.gates import texts
 from llama_sparse.gates.report import ArmResult
 from llama_sparse.gates.runner import GateContext
-from llama_sparse.gates.spec import Arm
+from llama_sparse.gates.spec import Arm, flag_value
 from llama_sparse.server import ServerProcess
 
 DEPTH0_TOKENS = 16
@@ -48,19 +48,10 @@ def prompt_tokens(server: ServerProcess, n_tokens: int) -> list[int]:
 def warmup_tokens(arm: Arm) -> int:
     """Tokens the first round decodes: one (the prefill), or for an SCSA arm its calibration
     window too, so that the timed repeats measure the calibrated operator."""
-    if _flag(arm.flags, "--sparse-attn") != "scsa" or _flag(arm.flags, "--scsa-taus") is not None:
+    if flag_value(arm.flags, "--sparse-attn") != "scsa" or flag_value(arm.flags, "--scsa-taus") is not None:
         return 1
-    steps = _flag(arm.flags, "--scsa-calib-steps")
+    steps = flag_value(arm.flags, "--scsa-calib-steps")
     return 1 + (int(steps) if steps is not None else SCSA_CALIB_STEPS)
-
-
-def _flag(flags: tuple[str, ...], name: str) -> str | None:
-    for i, tok in enumerate(flags):
-        if tok == name and i + 1 < len(flags):
-            return flags[i + 1]
-        if tok.startswith(name + "="):
-            return tok.split("=", 1)[1]
-    return None
 
 
 def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict: int) -> dict:

@@ -381,7 +381,7 @@ def _positive_item(raw: Any) -> Any:
 ARM_KEYS = ("name", "flags", "variant", "sparse", "coverage")
 
 
-def _flag_value(flags: tuple[str, ...], flag: str) -> str | None:
+def flag_value(flags: tuple[str, ...], flag: str) -> str | None:
     """The value given to `flag` (as `--flag v` or `--flag=v`), the last one winning."""
     value = None
     for i, tok in enumerate(flags):
@@ -393,7 +393,7 @@ def _flag_value(flags: tuple[str, ...], flag: str) -> str | None:
 
 
 def _uses_sparse_flags(flags: tuple[str, ...]) -> bool:
-    if _flag_value(flags, "--sparse-attn") in ("off", "0", "false", "none"):
+    if flag_value(flags, "--sparse-attn") in ("off", "0", "false", "none"):
         return False
     return any(tok.startswith(("--sparse", "--scsa")) for tok in flags)
 
@@ -465,7 +465,7 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
             bad("flags", "the upstream build has no --sparse-* flags; use variant: patched")
 
     coverage = None
-    from_flags = _flag_value(flags, "--sparse-attn-coverage")
+    from_flags = flag_value(flags, "--sparse-attn-coverage")
     if from_flags is not None:
         coverage = _as_float(from_flags)
     if "coverage" in raw and raw["coverage"] is not None:
