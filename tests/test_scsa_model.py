@@ -71,7 +71,7 @@ def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
                                              "--scsa-taus-out", str(out), *SMALL_PLANS], steps=16)
     taus = json.loads(out.read_text())
     assert set(taus) == {f"{il}:{h}" for il in range(2) for h in range(8)}
-    assert all(v in TAU_GRID for v in taus.values()), taus   # the grid (the fallback 0.05 is in it)
+    assert all(v in TAU_GRID | {0.0} for v in taus.values()), taus   # the grid, or 0 for a head none meets
     run = TOOL_LINE.search((tmp_path / "calibrate.log").read_text())
     assert run and int(run["calib"]) == 8 and run["state"] == "taus frozen", run
     assert int(run["exact_calls"]) == 8 * 2 * 8      # 8 steps x 2 layers x 8 heads ran exact
@@ -79,6 +79,16 @@ def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
     dump(tiny_qwen3, tmp_path, "load", ["--sparse-attn", "scsa", "--scsa-taus", str(out), *SMALL_PLANS], steps=4)
     run = TOOL_LINE.search((tmp_path / "load.log").read_text())
     assert run and int(run["exact_calls"]) == 0 and int(run["calib"]) == 0 and run["state"] == "taus frozen", run
+
+
+def test_a_head_no_tau_serves_runs_exact(tiny_qwen3, tmp_path) -> None:
+    # a tolerance no tau on the grid can meet: every head must freeze tau 0 (every cluster opened),
+    # never a default threshold looser than the calibrated ones
+    out = tmp_path / "taus.json"
+    dump(tiny_qwen3, tmp_path, "strict", ["--sparse-attn", "scsa", "--scsa-calib-steps", "4", "--scsa-tolerance", "1e-9",
+                                          "--scsa-taus-out", str(out), *SMALL_PLANS], steps=8)
+    taus = json.loads(out.read_text())
+    assert len(taus) == 2 * 8 and set(taus.values()) == {0.0}, taus
 
 
 SCSA_LINE = re.compile(r"scsa: decode read\s+([0-9.]+)% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\); "

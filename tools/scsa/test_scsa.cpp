@@ -354,7 +354,7 @@ int main() {
             {0.002f, 0.010f, 0.030f, 0.1f}, {0.004f, 0.020f, 0.030f, 0.2f}, {0.009f, 0.050f, 0.028f, 0.3f},
         };
         check(choose_tau(errors, grid, 0.025f, 0.05f) == 0.02f, "calibration freezes the largest tau whose median error meets the tolerance");
-        check(choose_tau(errors, grid, 0.001f, 0.05f) == 0.05f, "no tau meets the tolerance: the fallback");
+        check(choose_tau(errors, grid, 0.001f, 0.05f) == 0.0f, "no tau meets the tolerance: the head runs exact (tau 0), never the fallback");
         check(choose_tau({}, grid, 0.025f, 0.05f) == 0.05f, "no steps recorded: the fallback");
     }
 
