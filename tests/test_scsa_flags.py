@@ -19,6 +19,9 @@ BAD_VALUES = [
     (["--scsa-tolerance", "0"], "--scsa-tolerance must be a number in (0, 1], got '0'"),
     (["--scsa-tolerance", "1.5"], "--scsa-tolerance must be a number in (0, 1], got '1.5'"),
     (["--scsa-tolerance", "low"], "--scsa-tolerance must be a number in (0, 1], got 'low'"),
+    (["--scsa-max-error", "0"], "--scsa-max-error must be a number in (0, 10], got '0'"),
+    (["--scsa-max-error", "10.5"], "--scsa-max-error must be a number in (0, 10], got '10.5'"),
+    (["--scsa-max-error", "half"], "--scsa-max-error must be a number in (0, 10], got 'half'"),
     (["--scsa-calib-steps", "-1"], "--scsa-calib-steps must be in [0, 4096], got -1"),
     (["--scsa-calib-steps", "4097"], "--scsa-calib-steps must be in [0, 4096], got 4097"),
     (["--scsa-packed", "q4_0"], "--scsa-packed takes q8_0 or f16, got 'q4_0'"),
@@ -53,7 +56,7 @@ def test_bad_environment_value_refused(tiny_qwen3) -> None:
 def test_help_lists_every_flag() -> None:
     out = subprocess.run([str(binary("llama-server")), "--help"], capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
-    for flag in ("--scsa-tolerance", "--scsa-calib-steps", "--scsa-taus ", "--scsa-taus-out", "--scsa-hierarchical",
+    for flag in ("--scsa-tolerance", "--scsa-max-error", "--scsa-calib-steps", "--scsa-taus ", "--scsa-taus-out", "--scsa-hierarchical",
                  "--scsa-packed", "--scsa-cluster-size", "--scsa-rebuild-interval", "--scsa-block-size",
                  "--scsa-sink", "--scsa-recent", "'scsa'"):
         assert flag in text, flag
@@ -72,6 +75,7 @@ def run_logits(model: Path, tmp_path: Path, *args: str, steps: int = 2, ctx: int
 # the plans hold clusters within the 1024-token test context)
 EDGE_VALUES = [
     ["--scsa-tolerance", "1"], ["--scsa-tolerance", "0.0001"],
+    ["--scsa-max-error", "10"], ["--scsa-max-error", "0.0001"],
     ["--scsa-calib-steps", "0"], ["--scsa-calib-steps", "4096"],
     ["--scsa-cluster-size", "8"], ["--scsa-cluster-size", "4096"],
     ["--scsa-rebuild-interval", "32", "--scsa-block-size", "64"],

@@ -211,6 +211,29 @@ int main() {
         check(st2.opened_rows < st.opened_rows && !open.empty(), "tau = 0.2 opens fewer rows than tau = 0");
         check(lm[open[0]] == *std::max_element(lm.begin(), lm.end()), "clusters open best first");
 
+        // the matrix-product form (several queries against the concatenated summaries, in two
+        // cluster ranges) gives every query the same estimates bit for bit
+        {
+            const int32_t nq = 3, n = (int32_t) p.clusters.size(), half = n/2;
+            std::vector<float> qs(nq*D), q2s(nq*D), lm3((size_t) nq*n), a3((size_t) nq*n);
+            for (int32_t j = 0; j < nq; ++j) {
+                for (int64_t d = 0; d < D; ++d) {
+                    qs[j*D + d]  = q[d]*(1.0f + 0.5f*j) - 0.1f*j;
+                    q2s[j*D + d] = qs[j*D + d]*qs[j*D + d];
+                }
+            }
+            estimates_multi(p, nq, qs.data(), q2s.data(), beta, lm3.data(), a3.data(), n, 0, half);
+            estimates_multi(p, nq, qs.data(), q2s.data(), beta, lm3.data(), a3.data(), n, half, n);
+            bool same = true;
+            for (int32_t j = 0; j < nq; ++j) {
+                std::vector<float> lm1(n), a1(n);
+                estimates(p, qs.data() + j*D, q2s.data() + j*D, beta, lm1.data(), a1.data());
+                same = same && memcmp(lm1.data(), lm3.data() + (size_t) j*n, n*sizeof(float)) == 0 &&
+                       memcmp(a1.data(), a3.data() + (size_t) j*n, n*sizeof(float)) == 0;
+            }
+            check(same, "the estimates as matrix products equal the per-query estimates bit for bit");
+        }
+
         // errors grow with tau, and tau = 0 has none
         const std::vector<float> grid = {0.0f, 0.01f, 0.05f, 0.2f, 0.5f};
         const std::vector<float> err = replay_errors(p, ex, q.data(), beta, grid);
@@ -353,9 +376,11 @@ int main() {
         const std::vector<std::vector<float>> errors = {
             {0.002f, 0.010f, 0.030f, 0.1f}, {0.004f, 0.020f, 0.030f, 0.2f}, {0.009f, 0.050f, 0.028f, 0.3f},
         };
-        check(choose_tau(errors, grid, 0.025f, 0.05f) == 0.02f, "calibration freezes the largest tau whose median error meets the tolerance");
-        check(choose_tau(errors, grid, 0.001f, 0.05f) == 0.0f, "no tau meets the tolerance: the head runs exact (tau 0), never the fallback");
-        check(choose_tau({}, grid, 0.025f, 0.05f) == 0.05f, "no steps recorded: the fallback");
+        check(choose_tau(errors, grid, 0.025f, 10.0f, 0.05f) == 0.02f, "calibration freezes the largest tau whose median error meets the tolerance");
+        check(choose_tau(errors, grid, 0.025f, 0.04f, 0.05f) == 0.01f, "a tau whose worst step exceeds max_error is not chosen, however good its median");
+        check(choose_tau(errors, grid, 0.025f, 0.001f, 0.05f) == 0.0f, "no tau keeps the worst step: the head runs exact (tau 0)");
+        check(choose_tau(errors, grid, 0.001f, 10.0f, 0.05f) == 0.0f, "no tau meets the tolerance: the head runs exact (tau 0), never the fallback");
+        check(choose_tau({}, grid, 0.025f, 0.5f, 0.05f) == 0.05f, "no steps recorded: the fallback");
     }
 
     // a cache truncated below the sealed end invalidates the plan; a new plan covers what is left
