@@ -81,11 +81,14 @@ def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
     assert run and int(run["exact_calls"]) == 0 and int(run["calib"]) == 0 and run["state"] == "taus frozen", run
 
 
-def test_a_head_no_tau_serves_runs_exact(tiny_qwen3, tmp_path) -> None:
-    # a tolerance no tau on the grid can meet: every head must freeze tau 0 (every cluster opened),
-    # never a default threshold looser than the calibrated ones
+@pytest.mark.parametrize("strict", [["--scsa-tolerance", "1e-9"], ["--scsa-max-error", "1e-6"]],
+                         ids=["median-tolerance", "worst-step"])
+def test_a_head_no_tau_serves_runs_exact(strict, tiny_qwen3, tmp_path) -> None:
+    # a limit no tau on the grid can meet (the median's, or the worst step's, which also proves the
+    # flag reaches the operator): every head must freeze tau 0 (every cluster opened), never a
+    # default threshold looser than the calibrated ones
     out = tmp_path / "taus.json"
-    dump(tiny_qwen3, tmp_path, "strict", ["--sparse-attn", "scsa", "--scsa-calib-steps", "4", "--scsa-tolerance", "1e-9",
+    dump(tiny_qwen3, tmp_path, "strict", ["--sparse-attn", "scsa", "--scsa-calib-steps", "4", *strict,
                                           "--scsa-taus-out", str(out), *SMALL_PLANS], steps=8)
     taus = json.loads(out.read_text())
     assert len(taus) == 2 * 8 and set(taus.values()) == {0.0}, taus
