@@ -1,8 +1,8 @@
 """The ab gate's first round for an SCSA arm runs its calibration window, so that the timed
 repeats measure the calibrated operator and not its exact first steps."""
 
-from llama_sparse.gates.ab import SCSA_CALIB_STEPS, warmup_tokens
-from llama_sparse.gates.spec import Arm
+from llama_sparse.gates.ab import warmup_tokens
+from llama_sparse.gates.spec import SCSA_CALIB_STEPS, Arm
 
 
 def test_dense_and_quest_arms_prefill_only() -> None:

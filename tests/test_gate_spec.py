@@ -360,3 +360,31 @@ def test_scsa_flags_mark_an_arm_sparse(tmp_path: Path) -> None:
         "dense", {"name": "scsa-tuned", "flags": ["--sparse-attn", "scsa", "--scsa-tolerance", "0.05"]}]})))
     assert [a.sparse for a in spec.arms] == [False, True]
     assert spec.arms[1].coverage is None   # SCSA reads what its thresholds open: no fixed coverage bound
+
+
+def test_calibration_samples_for_niah(tmp_path: Path) -> None:
+    niah_gate = {"kind": "niah", "models": ["gemma3-270m"], "context_lengths": [16384], "samples": 8,
+                 "arms": ["dense", {"name": "scsa", "flags": ["--sparse-attn", "scsa"]}]}
+    assert load(write(tmp_path, yaml.safe_dump(niah_gate))).calibration_samples == 0
+    spec = load(write(tmp_path, yaml.safe_dump({**niah_gate, "calibration_samples": 2})))
+    assert spec.calibration_samples == 2 and spec.to_dict()["calibration_samples"] == 2
+    assert "calibration_samples: -1 is out of range" in refused(
+        tmp_path, yaml.safe_dump({**niah_gate, "calibration_samples": -1}))
+    assert "calibration_samples: must be an integer" in refused(
+        tmp_path, yaml.safe_dump({**niah_gate, "calibration_samples": "one"}))
+    assert "calibration_samples: applies to kind niah only" in refused(
+        tmp_path, yaml.safe_dump({**BASE, "calibration_samples": 1}))
+
+
+def test_taus_files_are_taken_from_the_gate_folder(tmp_path: Path) -> None:
+    (tmp_path / "taus").mkdir()
+    (tmp_path / "taus" / "g.json").write_text('{"0:0": 0.01}')
+    spec = load(write(tmp_path, yaml.safe_dump({**BASE, "arms": ["dense", {
+        "name": "scsa", "flags": ["--sparse-attn", "scsa", "--scsa-taus", "taus/g.json",
+                                  "--scsa-taus-out=out.json"]}]})))
+    flags = spec.arms[1].flags
+    assert flags[flags.index("--scsa-taus") + 1] == str(tmp_path / "taus" / "g.json")
+    assert f"--scsa-taus-out={tmp_path / 'out.json'}" in flags
+    msg = refused(tmp_path, yaml.safe_dump({**BASE, "arms": [{
+        "name": "scsa", "flags": ["--sparse-attn", "scsa", "--scsa-taus", "missing.json"]}]}))
+    assert "--scsa-taus missing.json: no such file" in msg

@@ -156,3 +156,33 @@ thresholds: {{min_score: 1.0}}
     assert r.error is None, r.error
     assert r.metrics["niah"] == 1.0, [s["output"] for s in r.samples if s["score"] < 1]
     assert all(abs(s["prompt_tokens"] - 7168) <= 0.02 * 7168 for s in r.samples)
+
+
+def test_niah_calibration_samples_come_first_and_freeze_scsa(tmp_path: Path) -> None:
+    """Each arm answers the calibration question before the scored ones; an SCSA arm's taus are
+    frozen by then, so no scored answer is decoded inside the calibration window."""
+    ctx = gate(tmp_path, """
+kind: niah
+models: [tiny-qwen3]
+context_lengths: [4096]
+samples: 2
+calibration_samples: 1
+n_predict: 4
+arms:
+  - dense
+  - {name: scsa, flags: [--sparse-attn, scsa, --scsa-calib-steps, "6", --scsa-rebuild-interval, "128",
+                         --scsa-block-size, "512", --scsa-cluster-size, "32"]}
+""")
+    dense, scsa = ctx.report.results
+    assert dense.error is None and scsa.error is None, (dense.error, scsa.error)
+    for r in (dense, scsa):
+        assert len(r.calibration) == 1 and len(r.samples) == 2 and r.metrics["samples"] == 2.0
+        assert r.calibration[0]["depth"] == 0.5 and r.calibration[0]["key"] not in {s["key"] for s in r.samples}
+    logs = sorted((ctx.out_dir / "logs").glob("niah-scsa-*.log"))
+    assert logs, list((ctx.out_dir / "logs").iterdir())
+    lines = [ln for ln in logs[0].read_text().splitlines() if "scsa: decode read" in ln]
+    assert len(lines) == 3, lines   # one per request: the calibration answer, then the two scored
+    assert "taus frozen" in lines[0] and "calibration 6 steps" in lines[0]
+    data = json.loads((ctx.out_dir / "report.json").read_text())
+    assert data["results"][1]["calibration"][0]["output"] == scsa.calibration[0]["output"]
+    assert (ctx.out_dir / "samples" / "tiny-qwen3-4096-calibration.json").is_file()

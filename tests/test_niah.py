@@ -207,3 +207,18 @@ def test_unmeetable_targets_raise() -> None:
         generate("niah_single_2", 4000, 1, seed=0, count_tokens=words)
     with pytest.raises(ValueError):
         generate("niah_single_1", 4000, 0, seed=0, count_tokens=words)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_calibration_samples_are_other_questions_between_the_scored_depths(task: str) -> None:
+    n = 8
+    scored = generate(task, 4000, n, seed=42, count_tokens=words)
+    calib = generate(task, 4000, n, seed=42, count_tokens=words, calibration=True)
+    assert [s.depth for s in calib] == pytest.approx([(i + 0.5) / n for i in range(n)])
+    assert not {s.depth for s in calib} & {s.depth for s in scored}
+    # a method calibrating on these never saw a scored question's key or value
+    assert not {s.key for s in calib} & {k for s in scored for k in (s.key, *s.distractor_keys)}
+    assert not {v for s in calib for v in s.values} & {v for s in scored for v in (*s.values, *s.distractor_values)}
+    assert calib == generate(task, 4000, n, seed=42, count_tokens=words, calibration=True)
+    (one,) = generate(task, 4000, 1, seed=42, count_tokens=words, calibration=True)
+    assert one.depth == 0.5

@@ -26,11 +26,10 @@ from llama_sparse.errors import UserError
 from llama_sparse.gates import texts
 from llama_sparse.gates.report import ArmResult
 from llama_sparse.gates.runner import GateContext
-from llama_sparse.gates.spec import Arm, flag_value
+from llama_sparse.gates.spec import Arm, scsa_calibration_steps
 from llama_sparse.server import ServerProcess
 
 DEPTH0_TOKENS = 16
-SCSA_CALIB_STEPS = 32   # llama.cpp's default --scsa-calib-steps
 
 
 def bound(coverage: float, t0_ms: float, tfull_ms: float) -> float:
@@ -48,10 +47,7 @@ def prompt_tokens(server: ServerProcess, n_tokens: int) -> list[int]:
 def warmup_tokens(arm: Arm) -> int:
     """Tokens the first round decodes: one (the prefill), or for an SCSA arm its calibration
     window too, so that the timed repeats measure the calibrated operator."""
-    if flag_value(arm.flags, "--sparse-attn") != "scsa" or flag_value(arm.flags, "--scsa-taus") is not None:
-        return 1
-    steps = flag_value(arm.flags, "--scsa-calib-steps")
-    return 1 + (int(steps) if steps is not None else SCSA_CALIB_STEPS)
+    return 1 + scsa_calibration_steps(arm)
 
 
 def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict: int) -> dict:

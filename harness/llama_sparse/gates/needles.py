@@ -16,7 +16,7 @@ from llama_sparse.errors import UserError
 from llama_sparse.gates import niah
 from llama_sparse.gates.report import ArmResult
 from llama_sparse.gates.runner import GateContext
-from llama_sparse.gates.spec import Arm
+from llama_sparse.gates.spec import Arm, scsa_calibration_steps
 from llama_sparse.server import ServerProcess
 
 HEADROOM = 64  # context beyond prompt + answer, so a prompt at the 2% upper edge still fits
@@ -27,29 +27,71 @@ def server_ctx(n_ctx: int, n_predict: int) -> int:
 
 
 def make_samples(ctx: GateContext, model: str, n_ctx: int, n_predict: int) -> list[niah.NiahSample]:
+    return make_sample_sets(ctx, model, n_ctx, n_predict, 0)[0]
+
+
+def make_sample_sets(ctx: GateContext, model: str, n_ctx: int, n_predict: int,
+                     n_calibration: int) -> tuple[list[niah.NiahSample], list[niah.NiahSample]]:
+    """The scored samples and `n_calibration` unscored ones per task (their own stream of keys,
+    values and depths), both written under samples/."""
     spec = ctx.spec
     arm = spec.reference
     cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), spec.cache_types[0])
-    ctx.progress.log(f"  generating {spec.samples} x {len(spec.tasks)} needles at {n_ctx} tokens for {model}")
+    ctx.progress.log(f"  generating {spec.samples} x {len(spec.tasks)} needles at {n_ctx} tokens for {model}"
+                     + (f" (and {n_calibration} to calibrate on)" if n_calibration else ""))
     with ServerProcess(cfg, ctx.log_path("tokenize", model, n_ctx)) as server:
         def count(text: str) -> int:
             return len(server.tokenize(text, add_special=True))
 
         samples = [s for task in spec.tasks for s in niah.generate(task, n_ctx, spec.samples, spec.seed, count)]
+        calibration = [s for task in spec.tasks if n_calibration
+                       for s in niah.generate(task, n_ctx, n_calibration, spec.seed, count, calibration=True)]
     path = ctx.out_dir / "samples" / f"{model}-{n_ctx}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([asdict(s) for s in samples], indent=1))
-    return samples
+    if calibration:
+        path.with_name(f"{model}-{n_ctx}-calibration.json").write_text(
+            json.dumps([asdict(s) for s in calibration], indent=1))
+    return samples, calibration
+
+
+def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample], n_predict: int) -> list[dict]:
+    """Answer the calibration samples, unscored, each for at least n_predict tokens (the end of
+    text ignored) and for an SCSA arm that calibrates at least its whole window. Their records
+    are kept for the report. Raises UserError when SCSA's taus are still not frozen after them:
+    scored answers would then start exact and flatter the arm."""
+    steps = scsa_calibration_steps(arm)
+    offset = server.log_size()
+    records = []
+    for s in calibration:
+        out = server.complete(s.prompt, n_predict=max(n_predict, steps + 1), ignore_eos=True).get("content", "")
+        records.append({"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
+                        "key": s.key, "expected": list(s.values), "output": out, "score": niah.score(s, out)})
+    if steps and calibration:
+        with open(server.log_path, "rb") as f:
+            f.seek(offset)
+            log = f.read().decode("utf-8", errors="replace")
+        if ", taus frozen" not in log:
+            raise UserError(f"arm {arm.name}: SCSA's taus are not frozen after the {len(calibration)} calibration "
+                            f"sample(s) ({steps} calibration steps expected); the scored answers would start "
+                            "exact\n" + server.log_tail())
+    return records
 
 
 def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_predict: int,
-           samples: list[niah.NiahSample], batch: int = 1) -> ArmResult:
-    """Every sample answered by one server; with batch B > 1, B requests at a time (--parallel B)."""
+           samples: list[niah.NiahSample], batch: int = 1,
+           calibration: list[niah.NiahSample] | None = None) -> ArmResult:
+    """Every sample answered by one server; with batch B > 1, B requests at a time (--parallel B).
+    The calibration samples, if any, are answered first, one at a time, and not scored."""
     result = ArmResult(arm.name, model, n_ctx, cache, batch=batch)
     task = ctx.progress.task(f"niah {arm.name} {model} @{n_ctx} {cache} B{batch}", total=len(samples))
     try:
         cfg = ctx.server_config(arm, model, batch * server_ctx(n_ctx, n_predict), cache, parallel=batch)
         with ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache, f"B{batch}")) as server:
+            if calibration:
+                task.update(description=f"niah {arm.name} {model} @{n_ctx} {cache} B{batch}: calibrating")
+                result.calibration = calibrate(server, arm, calibration, n_predict)
+                task.update(description=f"niah {arm.name} {model} @{n_ctx} {cache} B{batch}")
             def one(s: niah.NiahSample) -> dict:
                 out = server.complete(s.prompt, n_predict=n_predict).get("content", "")
                 task.advance()
@@ -81,12 +123,12 @@ def run(ctx: GateContext) -> None:
     minimum = spec.thresholds.get("min_score")
     for model in spec.models:
         for n_ctx in spec.context_lengths:
-            samples = make_samples(ctx, model, n_ctx, n_predict)
+            samples, calibration = make_sample_sets(ctx, model, n_ctx, n_predict, spec.calibration_samples)
             for cache in spec.cache_types:
                 for arm in ctx.arms:
                     alone: ArmResult | None = None
                     for batch in spec.batch:
-                        r = answer(ctx, arm, model, n_ctx, cache, n_predict, samples, batch)
+                        r = answer(ctx, arm, model, n_ctx, cache, n_predict, samples, batch, calibration)
                         if r.error is None:
                             r.passed = None if minimum is None else r.metrics["niah"] >= minimum
                             if batch == 1:

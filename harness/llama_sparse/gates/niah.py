@@ -137,10 +137,14 @@ def sample_depth(index: int, n_samples: int) -> float:
 
 
 def generate(task: str, context_tokens: int, n_samples: int, seed: int,
-             count_tokens: Callable[[str], int]) -> list[NiahSample]:
+             count_tokens: Callable[[str], int], calibration: bool = False) -> list[NiahSample]:
     """`n_samples` prompts for `task`, each `context_tokens` long (within 2%, never above) as
     measured by `count_tokens` (the model's tokenizer). Deterministic in its arguments; sample i's
     keys and values depend only on (task, seed, i), so they are the same at every length.
+
+    With `calibration`, the samples are drawn from a stream of their own (keys and values apart
+    from the scored samples' of any count) and sit between the scored depths, at (i + 0.5) / n:
+    prompts of the same kind for a method to calibrate on, never the questions it is scored on.
 
     Raises ValueError for an unknown task, a non-positive sample count, or a target that cannot be
     met: smaller than the template with its needles, or too small for one haystack line's worth of
@@ -155,8 +159,8 @@ def generate(task: str, context_tokens: int, n_samples: int, seed: int,
     samples: list[NiahSample] = []
     hint: int | None = None
     for index in range(n_samples):
-        depth = sample_depth(index, n_samples)
-        key, values, d_keys, d_values = _draw(task, seed, index, num_k, num_v)
+        depth = (index + 0.5) / n_samples if calibration else sample_depth(index, n_samples)
+        key, values, d_keys, d_values = _draw(task, seed, index, num_k, num_v, calibration)
         # (depth, needle text): the queried needle (or first value) at the sample's depth first.
         texts = [needle(key, v) for v in values] + [needle(k, v) for k, v in zip(d_keys, d_values)]
         m = len(texts)
@@ -192,10 +196,11 @@ def _spec(task: str) -> tuple[int, int, int]:
         raise ValueError(f"unknown niah task {task!r}; expected one of {', '.join(TASKS)}") from None
 
 
-def _draw(task: str, seed: int, index: int, num_k: int,
-          num_v: int) -> tuple[str, list[str], list[str], list[str]]:
+def _draw(task: str, seed: int, index: int, num_k: int, num_v: int,
+          calibration: bool = False) -> tuple[str, list[str], list[str], list[str]]:
     """Keys (distinct) and 7-digit values (distinct) for one sample."""
-    rng = random.Random(f"llama_sparse.gates.niah/{task}/{seed}/{index}")
+    stream = "calibration/" if calibration else ""
+    rng = random.Random(f"llama_sparse.gates.niah/{stream}{task}/{seed}/{index}")
     picks = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), num_k)
     keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in picks]
     seen: set[str] = set()

@@ -37,6 +37,7 @@ class ArmResult:
     batch: int = 1
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)   # every raw sample
+    calibration: list[dict] = field(default_factory=list)  # niah: unscored answers given first
     error: str | None = None     # server died / timed out: the error text with its log tail
     passed: bool | None = None
 
@@ -55,6 +56,7 @@ class ArmResult:
             "metrics": {} if errored else dict(self.metrics),   # an error is never a score
             "samples": list(self.samples), "error": self.error,
             "passed": False if errored else self.passed,
+            **({"calibration": list(self.calibration)} if self.calibration else {}),
         }
 
 

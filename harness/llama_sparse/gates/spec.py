@@ -132,6 +132,9 @@ class GateSpec:
     time_limit: float = 900.0                   # load: seconds; no request is sent after it
     skip_steps: int = 0                         # logits only: leading rows left out of the comparison
                                                 # (the prefill's row and SCSA's calibration steps)
+    calibration_samples: int = 0                # niah only: unscored needle prompts (their own keys,
+                                                # values and depths) each arm answers first, so that
+                                                # SCSA calibrates on answers that retrieve
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -156,7 +159,8 @@ class GateSpec:
             "arms": [a.to_dict() for a in self.arms], "samples": self.samples,
             "tasks": list(self.tasks), "repeats": self.repeats, "n_predict": self.n_predict,
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
-            "time_limit": self.time_limit, "skip_steps": self.skip_steps, "seed": self.seed, "threads": self.threads,
+            "time_limit": self.time_limit, "skip_steps": self.skip_steps,
+            "calibration_samples": self.calibration_samples, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 
@@ -392,13 +396,51 @@ def flag_value(flags: tuple[str, ...], flag: str) -> str | None:
     return value
 
 
+SCSA_CALIB_STEPS = 32   # llama.cpp's default --scsa-calib-steps
+
+
+def scsa_calibration_steps(arm: Arm) -> int:
+    """Decode steps an arm's server spends calibrating SCSA before its taus freeze: 0 for an arm
+    that is not SCSA or loads its taus (`--scsa-taus`)."""
+    if flag_value(arm.flags, "--sparse-attn") != "scsa" or flag_value(arm.flags, "--scsa-taus") is not None:
+        return 0
+    steps = flag_value(arm.flags, "--scsa-calib-steps")
+    return int(steps) if steps is not None else SCSA_CALIB_STEPS
+
+
 def _uses_sparse_flags(flags: tuple[str, ...]) -> bool:
     if flag_value(flags, "--sparse-attn") in ("off", "0", "false", "none"):
         return False
     return any(tok.startswith(("--sparse", "--scsa")) for tok in flags)
 
 
-def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
+# Flags whose value is a file: a relative path is taken from the gate file's folder, as a model
+# path is, so that a gate and the taus it loads travel together.
+FILE_FLAGS = {"--scsa-taus": "read", "--scsa-taus-out": "written"}
+
+
+def _resolve_file_flags(flags: tuple[str, ...], base: Path, bad) -> tuple[str, ...]:
+    out = list(flags)
+    for i, tok in enumerate(flags):
+        flag, eq, value = tok.partition("=")
+        if flag not in FILE_FLAGS:
+            continue
+        if not eq:
+            if i + 1 >= len(flags):
+                bad(f"'{flag}' needs a file")
+                continue
+            value = flags[i + 1]
+        resolved = Path(value) if Path(value).is_absolute() else base / value
+        if FILE_FLAGS[flag] == "read" and not resolved.is_file():
+            bad(f"{flag} {value}: no such file ({resolved})")
+        if eq:
+            out[i] = f"{flag}={resolved}"
+        else:
+            out[i + 1] = str(resolved)
+    return tuple(out)
+
+
+def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any:
     if isinstance(raw, str):
         raw_map = _Map(name=raw)
         raw_map.line, raw_map.lines = line, {"name": line}
@@ -448,6 +490,8 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
                 by = "by the harness" if owner == "the harness" else f"from the gate's '{owner}'"
                 bad("flags", f"'{flag}' is set {by}; an arm must not set it")
 
+        flags = _resolve_file_flags(flags, base, lambda msg: bad("flags", msg))
+
     variant = raw.get("variant", "patched")
     if variant not in VARIANTS:
         bad("variant", f"{variant!r} is not a build variant; known: {', '.join(VARIANTS)}")
@@ -489,10 +533,11 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int) -> Any:
 
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
             "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
-            "skip_steps", "seed", "threads", "thresholds")
+            "skip_steps", "calibration_samples", "seed", "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
 KIND_ONLY = {"tasks": ("niah", "load"), "repeats": ("ab",), "batch": ("ab", "niah", "load"),
-             "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",)}
+             "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",),
+             "calibration_samples": ("niah",)}
 MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1}
 
 
@@ -585,6 +630,8 @@ def load(path: Path) -> GateSpec:
                 and values["skip_steps"] >= values["samples"] + 1:
             ck.fail(lines["skip_steps"], f"skip_steps: {values['skip_steps']} leaves none of the "
                                          f"{values['samples'] + 1} rows (samples + the prefill's) to compare")
+    if "calibration_samples" in data:
+        values["calibration_samples"] = _positive_int(ck, data, "calibration_samples", 0)
     if "threads" in data:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
     if "n_predict" not in data and kind == "niah":
@@ -597,7 +644,7 @@ def load(path: Path) -> GateSpec:
         elif not raw_arms:
             values["arms"] = ck.fail(lines["arms"], "arms: must not be empty; a gate needs at least one arm")
         else:
-            arms = [_parse_arm(ck, a, i, lines["arms"]) for i, a in enumerate(raw_arms)]
+            arms = [_parse_arm(ck, a, i, lines["arms"], path.resolve().parent) for i, a in enumerate(raw_arms)]
             seen: dict[str, int] = {}
             for i, a in enumerate(raw_arms):
                 arm_name = a if isinstance(a, str) else a.get("name") if isinstance(a, _Map) else None
