@@ -214,3 +214,16 @@ def test_progress_rich_mode_and_misuse() -> None:
     assert "prefill" in buf.getvalue()
     with pytest.raises(RuntimeError):
         Progress(stream=io.StringIO()).task("outside", 1)
+
+
+def test_calibration_answers_are_listed_apart_from_the_score(spec) -> None:
+    r = ArmResult(arm="scsa", model="gemma3-270m", context=16384, cache_type="f16",
+                  metrics={"niah": 0.75}, samples=[{"score": 1.0}] * 3 + [{"score": 0.0}],
+                  calibration=[{"expected": ["2286618"], "depth": 0.5, "output": ": 2286618.\nThe", "score": 1.0}])
+    plain = ArmResult(arm="dense", model="gemma3-270m", context=16384, cache_type="f16", metrics={"niah": 0.5})
+    report = GateReport(spec=spec, started="s", results=[plain, r])
+    md = markdown_table(report)
+    assert "## Calibration questions (answered first, not scored)" in md
+    assert "- scsa / 16K: 1 of 1 found (`2286618` at depth 0.50: `: 2286618. The`)\n" in md
+    assert "- dense / 16K" not in md
+    assert r.to_dict()["calibration"][0]["expected"] == ["2286618"] and "calibration" not in plain.to_dict()

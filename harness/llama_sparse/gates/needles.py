@@ -55,6 +55,11 @@ def make_sample_sets(ctx: GateContext, model: str, n_ctx: int, n_predict: int,
     return samples, calibration
 
 
+def sample_record(s: niah.NiahSample, output: str) -> dict:
+    return {"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
+            "key": s.key, "expected": list(s.values), "output": output, "score": niah.score(s, output)}
+
+
 def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample], n_predict: int) -> list[dict]:
     """Answer the calibration samples, unscored, each for at least n_predict tokens (the end of
     text ignored) and for an SCSA arm that calibrates at least its whole window. Their records
@@ -65,8 +70,7 @@ def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample
     records = []
     for s in calibration:
         out = server.complete(s.prompt, n_predict=max(n_predict, steps + 1), ignore_eos=True).get("content", "")
-        records.append({"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
-                        "key": s.key, "expected": list(s.values), "output": out, "score": niah.score(s, out)})
+        records.append(sample_record(s, out))
     if steps and calibration:
         with open(server.log_path, "rb") as f:
             f.seek(offset)
@@ -95,8 +99,7 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
             def one(s: niah.NiahSample) -> dict:
                 out = server.complete(s.prompt, n_predict=n_predict).get("content", "")
                 task.advance()
-                return {"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
-                        "key": s.key, "expected": list(s.values), "output": out, "score": niah.score(s, out)}
+                return sample_record(s, out)
 
             if batch == 1:
                 for s in samples:

@@ -327,6 +327,14 @@ def markdown_table(report: GateReport) -> str:
         for r in errored:
             out += ["", f"### {r.arm} / {r.model} / {_k(r.context)} / {r.cache_type} / B={r.batch}",
                     "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
+    calibrated = [r for r in report.results if r.calibration]
+    if calibrated:
+        out += ["", "## Calibration questions (answered first, not scored)", ""]
+        for r in calibrated:
+            found = sum(1 for c in r.calibration if c["score"] == 1.0)
+            answers = "; ".join(f"`{c['expected'][0]}` at depth {c['depth']:.2f}: "
+                                f"`{' '.join(c['output'].split())[:24]}`" for c in r.calibration)
+            out.append(f"- {r.arm} / {_k(r.context)}: {found} of {len(r.calibration)} found ({answers})")
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
