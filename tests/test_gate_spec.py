@@ -388,3 +388,28 @@ def test_taus_files_are_taken_from_the_gate_folder(tmp_path: Path) -> None:
     msg = refused(tmp_path, yaml.safe_dump({**BASE, "arms": [{
         "name": "scsa", "flags": ["--sparse-attn", "scsa", "--scsa-taus", "missing.json"]}]}))
     assert "--scsa-taus missing.json: no such file" in msg
+
+
+def test_only_selects_several_arms_and_keeps_the_reference(tmp_path: Path) -> None:
+    from llama_sparse.gates.runner import GateContext, run_gate
+    from llama_sparse.progress import Progress
+
+    spec = load(write(tmp_path, VALID))
+    with Progress(plain=True) as p:
+        def names(only: tuple[str, ...]) -> list[str]:
+            return [a.name for a in GateContext(spec=spec, out_dir=tmp_path, progress=p, only=only).arms]
+
+        assert names(()) == ["dense", "sparse-25", "up"]
+        assert names(("up",)) == ["dense", "up"]
+        assert names(("up", "sparse-25")) == ["dense", "sparse-25", "up"]  # the file's order
+    # an unknown name among good ones is refused before any server starts or folder is made
+    with pytest.raises(UserError, match="no arm named 'sparse-50'; arms: dense, sparse-25, up"):
+        run_gate(spec, tmp_path / "results", only=["up", "sparse-50"])
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_only_is_repeatable() -> None:
+    from llama_sparse.cli import make_parser
+
+    args = make_parser().parse_args(["gate", "gates/x.yaml", "--only", "a", "--only", "b"])
+    assert args.only == ["a", "b"]

@@ -201,7 +201,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gate", help="run a gate defined in a YAML file (see gates/)")
     p.add_argument("file", nargs="?", help="gates/NAME.yaml")
     p.add_argument("--list", action="store_true", help="list the gates in gates/")
-    p.add_argument("--only", help="run only this arm (and the reference arm)")
+    p.add_argument("--only", action="append", metavar="ARM",
+                   help="run only this arm and the reference arm (repeatable: several arms)")
     p.add_argument("--out", help="results folder (default: results/)")
     p.set_defaults(func=_cmd_gate)
 

@@ -9,6 +9,7 @@ everything measured so far behind.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ class GateContext:
     spec: GateSpec
     out_dir: Path
     progress: Progress
-    only: str | None = None
+    only: tuple[str, ...] = ()                  # arm names to run (with the reference); empty: all
     report: reports.GateReport = field(init=False)
     _model_paths: dict[str, Path] = field(default_factory=dict)
 
@@ -36,9 +37,9 @@ class GateContext:
 
     @property
     def arms(self) -> list[Arm]:
-        if self.only is None:
+        if not self.only:
             return list(self.spec.arms)
-        return [a for a in self.spec.arms if a.name == self.only or a is self.spec.reference]
+        return [a for a in self.spec.arms if a.name in self.only or a is self.spec.reference]
 
     def model_path(self, name: str) -> Path:
         if name not in self._model_paths:
@@ -86,10 +87,13 @@ def kind_module(kind: str):
     return modules[kind]
 
 
-def run_gate(spec: GateSpec, out_root: Path, only: str | None = None, out_dir: Path | None = None,
+def run_gate(spec: GateSpec, out_root: Path, only: str | Sequence[str] | None = None, out_dir: Path | None = None,
              progress: Progress | None = None) -> GateContext:
-    if only is not None and only not in {a.name for a in spec.arms}:
-        raise UserError(f"{spec.path}: no arm named '{only}'; arms: {', '.join(a.name for a in spec.arms)}")
+    """`only`: an arm name or several; those arms run with the reference arm, in the file's order."""
+    only = (only,) if isinstance(only, str) else tuple(only or ())
+    unknown = [name for name in only if name not in {a.name for a in spec.arms}]
+    if unknown:
+        raise UserError(f"{spec.path}: no arm named '{unknown[0]}'; arms: {', '.join(a.name for a in spec.arms)}")
     directory = out_dir or reports.run_dir(out_root, spec.name)
     with (progress or Progress()) as p:
         ctx = GateContext(spec=spec, out_dir=directory, progress=p, only=only)
