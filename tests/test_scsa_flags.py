@@ -42,7 +42,7 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("tool", ["llama-server", "llama-cli"])
+@pytest.mark.parametrize("tool", ["llama-server", "llama-cli", "llama-bench"])
 @pytest.mark.parametrize("args,message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
 def test_bad_value_refused_at_startup(tool: str, args: list[str], message: str, tiny_qwen3) -> None:
     assert message in refuses(tool, tiny_qwen3, args)
@@ -60,6 +60,61 @@ def test_help_lists_every_flag() -> None:
                  "--scsa-packed", "--scsa-cluster-size", "--scsa-rebuild-interval", "--scsa-block-size",
                  "--scsa-sink", "--scsa-recent", "'scsa'"):
         assert flag in text, flag
+
+
+def test_llama_bench_help_lists_every_flag_but_taus_out() -> None:
+    out = subprocess.run([str(binary("llama-bench")), "--help"], capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    for flag in ("--sparse-attn <off|on|auto|scsa>", "--scsa-tolerance", "--scsa-max-error", "--scsa-calib-steps",
+                 "--scsa-taus ", "--scsa-hierarchical", "--scsa-packed", "--scsa-cluster-size", "--scsa-rebuild-interval",
+                 "--scsa-block-size", "--scsa-sink", "--scsa-recent"):
+        assert flag in text, flag
+
+
+SMALL_PLANS = ["--scsa-rebuild-interval", "64", "--scsa-block-size", "256"]
+
+
+def run_bench(model: Path, *args: str) -> subprocess.CompletedProcess:
+    # 16 tokens, 2 repetitions: 32 timed decode steps, fewer than the 33 a calibration takes, so
+    # taus frozen after the timed runs means the calibration ran before them
+    return subprocess.run([str(binary("llama-bench")), "-m", str(model), "-p", "0", "-n", "16", "-d", "2048", "-r", "2",
+                           "-t", "2", "--progress", "--sparse-attn", "scsa", *SMALL_PLANS, *args],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_llama_bench_calibrates_before_the_timed_runs(tiny_qwen3) -> None:
+    proc = run_bench(tiny_qwen3)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "calibrated in 33 untimed decode steps at each test's depth" in proc.stderr
+    lines = proc.stderr.splitlines()
+    calib = lines.index("llama-bench: benchmark 1/1: SCSA calibration run (33 decode steps at depth 2048)")
+    first_timed = lines.index("llama-bench: benchmark 1/1: generation run 1/2")
+    assert calib < first_timed
+    # the depth prefilled for the calibration is restored, not prefilled again
+    assert "llama-bench: benchmark 1/1: depth run 1/2 (cached)" in lines
+    summary = [x for x in lines if x.startswith("llama-bench: SCSA, timed runs: decode read ")]
+    assert len(summary) == 1 and summary[0].endswith("taus frozen"), summary
+    # 32 decode steps x 2 layers x 8 query heads, none exact: every attention went through the plans
+    assert "(512 attentions through the plans, 0 exact," in summary[0]
+    assert "tg16 @ d2048" in proc.stdout
+
+
+def test_llama_bench_with_taus_runs_no_calibration(tiny_qwen3, tmp_path) -> None:
+    taus = tmp_path / "taus.json"
+    taus.write_text("{" + ", ".join(f'"{layer}:{head}": 0.05' for layer in range(2) for head in range(8)) + "}")
+    proc = run_bench(tiny_qwen3, "--scsa-taus", str(taus))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"taus from {taus}" in proc.stderr
+    assert "SCSA calibration run" not in proc.stderr
+    assert "(512 attentions through the plans, 0 exact," in proc.stderr and "taus frozen" in proc.stderr
+
+
+def test_llama_bench_refusals_say_why(tiny_qwen3, tmp_path) -> None:
+    assert f"error: --scsa-taus: cannot read '{tmp_path / 'nope.json'}'" in refuses(
+        "llama-bench", tiny_qwen3, ["--sparse-attn", "scsa", "--scsa-taus", str(tmp_path / "nope.json")])
+    # the library's reason reaches the user although llama-bench keeps its log quiet otherwise
+    msg = refuses("llama-bench", tiny_qwen3, ["-p", "0", "-n", "4", "-d", "64", "-ctk", "q8_0", "--sparse-attn", "scsa"])
+    assert "SCSA reads the KV cache directly and needs it f16; this cache is K q8_0, V f16" in msg
 
 
 def run_logits(model: Path, tmp_path: Path, *args: str, steps: int = 2, ctx: int = 1024,

@@ -47,7 +47,7 @@ def test_bad_environment_value_refused(env: dict[str, str], message: str, tiny_q
 
 
 BENCH_BAD_VALUES = [
-    (["--sparse-attn", "maybe"], "--sparse-attn must be off, on or auto, got 'maybe'"),
+    (["--sparse-attn", "maybe"], "--sparse-attn must be off, on, auto or scsa, got 'maybe'"),
     (["--sparse-attn-block-size", "40"], "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got '40'"),
     (["--sparse-attn-coverage", "0"], "--sparse-attn-coverage must be a number in (0, 1], got '0'"),
     (["--sparse-attn-topk", "0"], "--sparse-attn-topk must be in [1, 1048576], got '0'"),
