@@ -29,8 +29,10 @@ BAD_VALUES = [
     (["--scsa-cluster-size", "4097"], "--scsa-cluster-size must be in [8, 4096], got 4097"),
     (["--scsa-rebuild-interval", "31"], "--scsa-rebuild-interval must be in [32, 65536], got 31"),
     (["--scsa-rebuild-interval", "65537"], "--scsa-rebuild-interval must be in [32, 65536], got 65537"),
-    (["--scsa-block-size", "31"], "--scsa-block-size must be in [32, 1048576]"),
-    (["--scsa-block-size", "1048577"], "--scsa-block-size must be in [32, 1048576]"),
+    (["--scsa-block-size", "31"],
+     "--scsa-block-size must be in [32, 1048576] and a multiple of --scsa-rebuild-interval, got 31"),
+    (["--scsa-block-size", "1048577"],
+     "--scsa-block-size must be in [32, 1048576] and a multiple of --scsa-rebuild-interval, got 1048577"),
     (["--sparse-attn", "scsa", "--scsa-block-size", "1000"],
      "--scsa-block-size (1000) must be a multiple of --scsa-rebuild-interval (512)"),
     (["--scsa-sink", "-1"], "--scsa-sink must be in [0, 65536], got -1"),
@@ -74,10 +76,10 @@ def test_llama_bench_help_lists_every_flag_but_taus_out() -> None:
 SMALL_PLANS = ["--scsa-rebuild-interval", "64", "--scsa-block-size", "256"]
 
 
-def run_bench(model: Path, *args: str) -> subprocess.CompletedProcess:
+def run_bench(model: Path, *args: str, depth: int = 2048) -> subprocess.CompletedProcess:
     # 16 tokens, 2 repetitions: 32 timed decode steps, fewer than the 33 a calibration takes, so
     # taus frozen after the timed runs means the calibration ran before them
-    return subprocess.run([str(binary("llama-bench")), "-m", str(model), "-p", "0", "-n", "16", "-d", "2048", "-r", "2",
+    return subprocess.run([str(binary("llama-bench")), "-m", str(model), "-p", "0", "-n", "16", "-d", str(depth), "-r", "2",
                            "-t", "2", "--progress", "--sparse-attn", "scsa", *SMALL_PLANS, *args],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
@@ -99,6 +101,15 @@ def test_llama_bench_calibrates_before_the_timed_runs(tiny_qwen3) -> None:
     assert "tg16 @ d2048" in proc.stdout
 
 
+def test_llama_bench_calibration_fits_the_context(tiny_qwen3) -> None:
+    # depth + 16 tokens is 2048, a context with no room for the 33 calibration steps unless
+    # llama-bench makes room for them
+    proc = run_bench(tiny_qwen3, depth=2032)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SCSA calibration run (33 decode steps at depth 2032)" in proc.stderr
+    assert "tg16 @ d2032" in proc.stdout
+
+
 def test_llama_bench_with_taus_runs_no_calibration(tiny_qwen3, tmp_path) -> None:
     taus = tmp_path / "taus.json"
     taus.write_text("{" + ", ".join(f'"{layer}:{head}": 0.05' for layer in range(2) for head in range(8)) + "}")
@@ -106,6 +117,16 @@ def test_llama_bench_with_taus_runs_no_calibration(tiny_qwen3, tmp_path) -> None
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"taus from {taus}" in proc.stderr
     assert "SCSA calibration run" not in proc.stderr
+    assert "(512 attentions through the plans, 0 exact," in proc.stderr and "taus frozen" in proc.stderr
+
+
+def test_llama_bench_calibrates_the_heads_a_taus_file_leaves_out(tiny_qwen3, tmp_path) -> None:
+    taus = tmp_path / "taus.json"
+    taus.write_text('{"0:0": 0.05}')
+    proc = run_bench(tiny_qwen3, "--scsa-taus", str(taus))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "heads it does not name calibrated in 33 untimed decode steps" in proc.stderr
+    assert "SCSA calibration run (33 decode steps at depth 2048)" in proc.stderr
     assert "(512 attentions through the plans, 0 exact," in proc.stderr and "taus frozen" in proc.stderr
 
 
