@@ -127,7 +127,7 @@ def test_prompt_reusing_part_of_the_cache_replans(tiny_qwen3, start_server, tmp_
         assert set(la) == set(lb)
         for tok in la:
             assert abs(la[tok] - lb[tok]) < 5e-3, (tok, la[tok], lb[tok])   # dense accumulates V in f16
-    lines = SCSA_LINE.findall(servers["scsa"].log_path.read_text())
+    lines = SCSA_LINE.findall(servers["scsa"].wait_log("scsa: decode read", count=2))
     assert len(lines) == 2
     rebuilds_second = int(lines[1][6])
     assert rebuilds_second > 0, "the second request built no plan over its new keys"

@@ -68,3 +68,16 @@ def test_stopped_on_exception(tmp_path: Path, tiny_qwen3: Path) -> None:
             assert server.alive()
             raise RuntimeError("test failure inside the with block")
     assert not server.alive()
+
+
+def test_wait_log_waits_for_a_line_written_after_the_response(tmp_path: Path) -> None:
+    import threading
+
+    log = tmp_path / "server.log"
+    log.write_text("slot print_timing: eval time\n")
+    server = ServerProcess(ServerConfig(model=tmp_path / "m.gguf"), log)
+    # the server's log thread writes the request's last line a little after the response
+    threading.Timer(0.3, lambda: log.write_text(log.read_text() + "total time = 1 ms\n")).start()
+    assert "total time" in server.wait_log("total time", timeout=5)
+    with pytest.raises(ServerError, match="'total time' did not reach the server log 2 time"):
+        server.wait_log("total time", count=2, timeout=0.2)

@@ -126,6 +126,6 @@ def test_auto_serves_such_a_model_dense(tiny_mamba, start_server) -> None:
     server = start_server(ServerConfig(model=tiny_mamba, ctx_size=512, extra_args=["--sparse-attn", "auto"]))
     out = server.complete("hello world", n_predict=4)
     assert out["tokens_predicted"] == 4
-    log = server.log_path.read_text()
+    log = server.wait_log("total time")
     assert "sparse_attn = auto (--sparse-attn auto): block-sparse attention cannot serve this model" in log
     assert "decoding dense" in log and "sparse-attention key bounds" not in log

@@ -165,6 +165,22 @@ class ServerProcess:
         except OSError:
             return 0
 
+    def wait_log(self, text: str, count: int = 1, timeout: float = 10) -> str:
+        """The whole log once it holds `text` at least `count` times. The server's log lines reach
+        the file from a thread of their own, so a request's last lines can land after its response."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                log = self.log_path.read_text(errors="replace")
+            except OSError:
+                log = ""
+            if log.count(text) >= count:
+                return log
+            if time.monotonic() > deadline:
+                raise ServerError(f"'{text}' did not reach the server log {count} time(s) in {timeout:g} s\n"
+                                  + self.log_tail())
+            time.sleep(0.05)
+
     # -- requests -------------------------------------------------------------------
     def request(self, method: str, path: str, timeout: float = 3600, **kw: Any) -> Any:
         self._raise_if_dead(f"before {method} {path}")
