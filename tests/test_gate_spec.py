@@ -174,6 +174,11 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"time_limit": 60}, "time_limit: applies to kind load only"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "tasks": ["niah_x"]}, "'niah_x' is not a known niah task"),
     ({"kind": "niah", "repeats": 1, "thresholds": {"min_score": 1.5}}, "min_score: 1.5 is out of range"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {"max_lost": 0.5}}, "max_lost: must be a whole number"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": "yes"}, "shared_prefill: must be true or false"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": True, "batch": [1, 4]},
+     "shared_prefill: the arms answer one prompt at a time"),
+    ({"shared_prefill": True}, "shared_prefill: applies to kind niah only"),
     ({"description": ["a"]}, "description: must be a string"),
     ({"name": "Bad Name"}, "is not a valid gate name"),
 ])

@@ -158,6 +158,63 @@ thresholds: {{min_score: 1.0}}
     assert all(abs(s["prompt_tokens"] - 7168) <= 0.02 * 7168 for s in r.samples)
 
 
+def test_dense_smollm2_finds_needles_in_prose_at_2k(tmp_path: Path) -> None:
+    """The prose haystack is a task the model can do: dense SmolLM2 finds a needle hidden in the
+    prose of Python's documentation at 2K (one at each end and one in the middle), and one hidden
+    among three distractor needles in prose; the report names the prose source."""
+    ctx = gate(tmp_path, """
+kind: niah
+models: [smollm2-135m]
+context_lengths: [2048]
+samples: 3
+tasks: [niah_single_2, niah_multikey_1]
+n_predict: 16
+arms: [dense]
+""")
+    (r,) = ctx.report.results
+    assert r.error is None, r.error
+    found = {(s["task"], s["index"]) for s in r.samples if s["score"] == 1.0}
+    assert found >= {("niah_single_2", 0), ("niah_single_2", 1), ("niah_single_2", 2)}, r.samples
+    assert any(t == "niah_multikey_1" for t, _ in found), r.samples
+    assert any("prose haystack: pydoc_data.topics" in n for n in ctx.report.notes)
+    assert all(abs(s["prompt_tokens"] - 2048) <= 0.02 * 2048 for s in r.samples)
+
+
+def test_niah_shared_prefill_answers_as_each_arm_alone(tmp_path: Path) -> None:
+    """With shared_prefill each prompt is prefilled once (by the first arm) and the other arms
+    restore that slot: a second dense arm and the select-all anchor answer exactly as dense does,
+    and exactly as dense answers without sharing; a top-K arm answers from the restored cache
+    (one token re-read, not the prompt) and reads part of it."""
+    arms = """
+arms:
+  - dense
+  - {name: dense-again, flags: []}
+  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
+  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-topk, "2", --sparse-attn-block-size, "32"]}
+"""
+    head = """
+kind: niah
+models: [tiny-qwen3]
+context_lengths: [1024]
+samples: 3
+tasks: [niah_single_2]
+n_predict: 8
+"""
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "alone").mkdir()
+    shared = gate(tmp_path / "shared", head + "shared_prefill: true\n" + arms)
+    alone = gate(tmp_path / "alone", head + "arms: [dense]\n")
+    outputs = {r.arm: [x["output"] for x in r.samples] for r in shared.report.results}
+    assert all(r.error is None for r in shared.report.results), [r.error for r in shared.report.results]
+    assert len(outputs["dense"]) == 3 and all(outputs["dense"])
+    assert outputs["dense-again"] == outputs["dense"] == outputs["anchor"]
+    assert [x["output"] for x in alone.report.results[0].samples] == outputs["dense"]
+    assert len(outputs["top-k"]) == 3
+    logs = sorted((shared.out_dir / "logs").glob("niah-top-k-*shared.log"))
+    assert logs and "sparse attention: decode read" in logs[0].read_text()
+    assert not list((shared.out_dir / "slots").glob("*.bin"))  # the shared slot is removed after the run
+
+
 def test_niah_calibration_samples_come_first_and_freeze_scsa(tmp_path: Path) -> None:
     """Each arm answers the calibration question before the scored ones; an SCSA arm's taus are
     frozen by then, so no scored answer is decoded inside the calibration window."""

@@ -28,6 +28,14 @@ MULTI_QUESTION = "\nWhat are all the special magic numbers for {key} mentioned i
 MULTI_PREFIX = " The special magic numbers for {key} mentioned in the provided text are"
 
 NEEDLE_RE = re.compile(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.")
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+UUID_NEEDLE_RE = re.compile(rf"One of the special magic uuids for ({UUID}) is: ({UUID})\.")
+
+# RULER scripts/synthetic.yaml: the haystack each task uses ("essay" is prose here).
+RULER_HAYSTACKS = {"niah_single_1": "repeat", "niah_single_2": "essay", "niah_single_3": "essay",
+                   "niah_multikey_1": "essay", "niah_multikey_2": "needle", "niah_multikey_3": "needle",
+                   "niah_multivalue": "essay"}
+SINGLE_NUMBER_WORD_TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multikey_2"]
 
 
 def words(text: str) -> int:
@@ -47,21 +55,34 @@ class CountingCounter:
         return self.fn(text)
 
 
-def context_lines(sample: NiahSample) -> list[str]:
-    intro = MULTI_INTRO if sample.task == "niah_multivalue" else SINGLE_INTRO
-    question = (MULTI_QUESTION if sample.task == "niah_multivalue" else SINGLE_QUESTION).format(key=sample.key)
+def the_needle(sample: NiahSample, value: str | None = None) -> str:
+    kind = "uuids" if sample.task in ("niah_single_3", "niah_multikey_3") else "numbers"
+    return f"One of the special magic {kind} for {sample.key} is: {value or sample.values[0]}."
+
+
+def context_of(sample: NiahSample) -> str:
+    kind = "uuid" if sample.task in ("niah_single_3", "niah_multikey_3") else "number"
+    intro = MULTI_INTRO if sample.task == "niah_multivalue" else SINGLE_INTRO.replace("number", kind)
+    question = (MULTI_QUESTION if sample.task == "niah_multivalue"
+                else SINGLE_QUESTION.replace("number", kind)).format(key=sample.key)
     assert sample.prompt.startswith(intro)
     end = sample.prompt.rindex(question)
-    return sample.prompt[len(intro):end].split("\n")
+    return sample.prompt[len(intro):end]
+
+
+def context_lines(sample: NiahSample) -> list[str]:
+    return context_of(sample).split("\n")
 
 
 def test_constants_are_rulers_strings() -> None:
     assert HAYSTACK_SENTENCE == RULER_HAYSTACK
-    assert NEEDLE_TEMPLATE == "One of the special magic numbers for {key} is: {value}."
-    assert TASKS == ("niah_single_1", "niah_multikey_1", "niah_multivalue")
+    assert NEEDLE_TEMPLATE == "One of the special magic {type_needle_v} for {key} is: {value}."
+    assert set(TASKS) == set(RULER_HAYSTACKS)
+    for task, haystack in RULER_HAYSTACKS.items():
+        assert generate(task, 3000, 1, seed=0, count_tokens=words)[0].haystack == haystack
 
 
-@pytest.mark.parametrize("task", ["niah_single_1", "niah_multikey_1"])
+@pytest.mark.parametrize("task", SINGLE_NUMBER_WORD_TASKS)
 def test_single_value_prompt_is_rulers_template(task: str) -> None:
     for s in generate(task, 2000, 3, seed=7, count_tokens=words):
         intro_end = len(SINGLE_INTRO)
@@ -69,8 +90,9 @@ def test_single_value_prompt_is_rulers_template(task: str) -> None:
         tail = SINGLE_QUESTION.format(key=s.key) + SINGLE_PREFIX.format(key=s.key)
         assert s.prompt.endswith(tail), s.prompt[-300:]  # ends in the answer prefix, no chat template
         assert intro_end < len(s.prompt) - len(tail)
-        assert NEEDLE_TEMPLATE.format(key=s.key, value=s.values[0]) in s.prompt
-        assert "Some special" not in s.prompt and "numbers are" not in s.prompt
+        assert the_needle(s) in s.prompt
+        template = s.prompt.replace(context_of(s), "")
+        assert "Some special" not in template and "numbers are" not in template
 
 
 def test_multivalue_prompt_is_rulers_plural_template() -> None:
@@ -83,15 +105,82 @@ def test_multivalue_prompt_is_rulers_plural_template() -> None:
         assert not s.distractor_keys
 
 
-@pytest.mark.parametrize("task", TASKS)
-def test_context_is_haystack_lines_plus_needle_lines(task: str) -> None:
-    s = generate(task, 3000, 2, seed=1, count_tokens=words)[1]
+def test_uuid_prompts_are_rulers_singular_uuid_template() -> None:
+    for task in ("niah_single_3", "niah_multikey_3"):
+        for s in generate(task, 2000, 3, seed=7, count_tokens=words):
+            intro = SINGLE_INTRO.replace("number", "uuid")
+            assert s.prompt.startswith(intro)
+            tail = (SINGLE_QUESTION + SINGLE_PREFIX).replace("number", "uuid").format(key=s.key)
+            assert s.prompt.endswith(tail), s.prompt[-300:]
+            assert re.fullmatch(UUID, s.values[0])
+            assert the_needle(s) in s.prompt
+            assert bool(re.fullmatch(UUID, s.key)) == (task == "niah_multikey_3")
+
+
+def test_repeat_context_is_haystack_lines_plus_needle_line() -> None:
+    s = generate("niah_single_1", 3000, 2, seed=1, count_tokens=words)[1]
     lines = context_lines(s)
     needles = [ln for ln in lines if ln != RULER_HAYSTACK]
     haystack = [ln for ln in lines if ln == RULER_HAYSTACK]
-    assert len(needles) == 4 if task != "niah_single_1" else len(needles) == 1
+    assert len(needles) == 1
     assert all(NEEDLE_RE.fullmatch(ln) for ln in needles), needles
     assert len(haystack) == s.haystack_lines > 100
+
+
+@pytest.mark.parametrize("task", ["niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue"])
+def test_prose_context_is_consecutive_documentation_sentences_plus_needles(task: str) -> None:
+    """The essay haystack is prose from Python's documentation topics: every sentence of the context
+    but the needles is a sentence of pydoc_data.topics, in the order of the text (wrapping round)."""
+    from pydoc_data.topics import topics
+
+    corpus = niah.prose_sentences()
+    flat = " ".join(" ".join(t.split()) for t in topics.values())
+    for s in generate(task, 3000, 3, seed=1, count_tokens=words):
+        context = context_of(s)
+        needles = [n for n in re.findall(r"One of the special magic \w+ for \S+ is: \S+\.", context)]
+        assert len(needles) == (1 if task.startswith("niah_single") else 4)
+        assert the_needle(s) in needles
+        for n in needles:
+            context = context.replace(" " + n, "").replace(n + " ", "")
+        assert "special magic" not in context
+        starts = [i for i, x in enumerate(corpus) if context.startswith(x + " ")]
+        runs = [[corpus[(i + j) % len(corpus)] for j in range(s.haystack_lines)] for i in starts]
+        expected = next((run for run in runs if context == " ".join(run)), None)
+        assert expected is not None, context[:300]
+        assert s.haystack_lines > 50
+        for sentence in expected[:20]:  # the sentences are the documentation's own words
+            assert sentence in flat
+        assert "The grass is green" not in context
+
+
+@pytest.mark.parametrize("task", ["niah_multikey_2", "niah_multikey_3"])
+def test_needle_haystack_is_needles_of_other_keys(task: str) -> None:
+    needle_re = NEEDLE_RE if task == "niah_multikey_2" else UUID_NEEDLE_RE
+    for s in generate(task, 3000, 2, seed=1, count_tokens=words):
+        lines = context_lines(s)
+        found = [needle_re.fullmatch(ln) for ln in lines]
+        assert all(found), [ln for ln, m in zip(lines, found) if not m][:3]
+        keys = [m.group(1) for m in found]
+        assert len(keys) == len(set(keys)) == s.haystack_lines + 1  # distinct keys, the real one once
+        assert dict(m.groups() for m in found)[s.key] == s.values[0]
+
+
+def test_prose_source_is_named_and_hashed() -> None:
+    src = niah.prose_source()
+    assert src["source"].startswith("pydoc_data.topics")
+    assert src["sentences"] == len(niah.prose_sentences()) > 1000
+    assert re.fullmatch(r"[0-9a-f]{64}", src["sha256"])
+    assert all(len(x) <= niah.PROSE_MAX_SENTENCE_CHARS and x[-1] in ".!?" for x in niah.prose_sentences())
+
+
+@pytest.mark.parametrize("task", niah.PROSE_TASKS)
+def test_prose_tasks_are_deterministic_per_seed_and_vary_across_samples(task: str) -> None:
+    a = generate(task, 3000, 4, seed=9, count_tokens=words)
+    assert a == generate(task, 3000, 4, seed=9, count_tokens=words)
+    other = generate(task, 3000, 4, seed=10, count_tokens=words)
+    assert [s.prompt for s in a] != [s.prompt for s in other]
+    bodies = {context_of(s).replace(the_needle(s), "")[:200] for s in a}
+    assert len(bodies) == len(a)  # each sample reads its own stretch of prose or its own needle lines
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -121,12 +210,11 @@ def test_needle_sits_at_sample_depth(task: str) -> None:
     samples = generate(task, 16000, n, seed=5, count_tokens=quarter_chars)
     assert [s.depth for s in samples] == pytest.approx([i / (n - 1) for i in range(n)])
     for s in samples:
-        pos = s.prompt.index(NEEDLE_TEMPLATE.format(key=s.key, value=s.values[0]))
+        pos = s.prompt.index(the_needle(s))
         assert abs(pos / len(s.prompt) - s.depth) <= 0.05, (s.index, pos / len(s.prompt), s.depth)
-    # the extremes: first needle line right after the intro, last one right before the question
-    assert context_lines(samples[0])[0] == NEEDLE_TEMPLATE.format(key=samples[0].key, value=samples[0].values[0])
-    assert context_lines(samples[-1])[-1] == NEEDLE_TEMPLATE.format(key=samples[-1].key,
-                                                                    value=samples[-1].values[0])
+    # the extremes: the needle right after the intro, and right before the question
+    assert context_of(samples[0]).startswith(the_needle(samples[0]))
+    assert context_of(samples[-1]).endswith(the_needle(samples[-1]))
 
 
 def test_single_sample_depth_is_zero() -> None:
@@ -155,10 +243,16 @@ def test_multikey_has_three_distractors_elsewhere() -> None:
 def test_keys_and_values_shape(task: str) -> None:
     for s in generate(task, 4000, 20, seed=2, count_tokens=words):
         for k in (s.key, *s.distractor_keys):
+            if task == "niah_multikey_3":
+                assert re.fullmatch(UUID, k)
+                continue
             adj, noun = k.split("-")
             assert adj in niah.ADJECTIVES and noun in niah.NOUNS
         for v in (*s.values, *s.distractor_values):
-            assert len(v) == 7 and 1_000_000 <= int(v) <= 9_999_999
+            if task in ("niah_single_3", "niah_multikey_3"):
+                assert re.fullmatch(UUID, v)
+            else:
+                assert len(v) == 7 and 1_000_000 <= int(v) <= 9_999_999
 
 
 def test_deterministic_and_seeded() -> None:
@@ -201,10 +295,10 @@ def test_multikey_distractor_answer_scores_zero() -> None:
 def test_unmeetable_targets_raise() -> None:
     with pytest.raises(ValueError, match="smaller than the prompt"):
         generate("niah_single_1", 20, 1, seed=0, count_tokens=words)
-    with pytest.raises(ValueError, match="within 2%"):  # 19-word lines cannot land within 2% of 600
-        generate("niah_multikey_1", 600, 3, seed=0, count_tokens=words)
+    with pytest.raises(ValueError, match="within 2%"):  # 18-word lines cannot land within 2% of 300
+        generate("niah_single_1", 300, 3, seed=0, count_tokens=words)
     with pytest.raises(ValueError, match="unknown niah task"):
-        generate("niah_single_2", 4000, 1, seed=0, count_tokens=words)
+        generate("niah_single_4", 4000, 1, seed=0, count_tokens=words)
     with pytest.raises(ValueError):
         generate("niah_single_1", 4000, 0, seed=0, count_tokens=words)
 

@@ -227,3 +227,35 @@ def test_calibration_answers_are_listed_apart_from_the_score(spec) -> None:
     assert "- scsa / 16K: 1 of 1 found (`2286618` at depth 0.50: `: 2286618. The`)\n" in md
     assert "- dense / 16K" not in md
     assert r.to_dict()["calibration"][0]["expected"] == ["2286618"] and "calibration" not in plain.to_dict()
+
+
+def needle_record(task: str, index: int, found: bool, output: str = "") -> dict:
+    return {"task": task, "index": index, "depth": index / 3, "key": "k", "expected": ["1234567"],
+            "output": output or ("1234567." if found else "7654321."), "score": 1.0 if found else 0.0}
+
+
+def test_niah_report_lists_every_needle_against_the_first_arm(tmp_path: Path) -> None:
+    path = tmp_path / "niah-prose.yaml"
+    path.write_text(yaml.safe_dump({"kind": "niah", "models": ["smollm2-135m"], "context_lengths": [4096],
+                                    "tasks": ["niah_multikey_1"], "arms": ["dense", {"name": "quest", "flags": []}]}))
+    niah_spec = load(path)
+    dense = ArmResult(arm="dense", model="smollm2-135m", context=4096, cache_type="f16", metrics={"niah": 0.5},
+                      samples=[needle_record("niah_multikey_1", 0, True), needle_record("niah_multikey_1", 1, False)])
+    quest = ArmResult(arm="quest", model="smollm2-135m", context=4096, cache_type="f16", metrics={"niah": 0.5},
+                      samples=[needle_record("niah_multikey_1", 0, False, "9999999 | x"),
+                               needle_record("niah_multikey_1", 1, True)])
+    md = markdown_table(GateReport(spec=niah_spec, started="s", results=[dense, quest]))
+    assert "## Needle by needle: smollm2-135m, 4K, f16 (against dense)" in md
+    assert "| niah_multikey_1#0 | 0.00 | found | LOST `9999999 \\| x` |" in md
+    assert "| niah_multikey_1#1 | 0.33 | `7654321.` | found |" in md
+
+
+def test_compare_needles_is_needle_by_needle_not_a_count() -> None:
+    from llama_sparse.gates.needles import compare_needles
+
+    ref = [needle_record("niah_single_2", 0, True), needle_record("niah_single_2", 1, False),
+           needle_record("niah_multikey_1", 0, True)]
+    other = [needle_record("niah_single_2", 0, False), needle_record("niah_single_2", 1, True),
+             needle_record("niah_multikey_1", 0, True)]
+    assert compare_needles(ref, other) == (["niah_single_2#0"], ["niah_single_2#1"])  # same count, one lost
+    assert compare_needles(ref, ref) == ([], [])

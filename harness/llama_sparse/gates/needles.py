@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict
 
 from llama_sparse.errors import UserError
@@ -111,31 +112,120 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
     except UserError as e:
         return result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
                            " they are kept in samples)")
+    scored(result)
+    return result
+
+
+SLOT_FILE = "shared-prefill.bin"
+MAX_REUSED_TAIL = 16  # tokens an arm may evaluate after restoring the shared slot (the server re-reads the last)
+
+
+def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cache: str, n_predict: int,
+                  samples: list[niah.NiahSample],
+                  calibration: list[niah.NiahSample] | None = None) -> list[ArmResult]:
+    """Every sample prefilled once: the first arm answers it and saves its slot, then each other arm
+    restores that slot and answers the same prompt from the restored cache, re-reading only the
+    prompt's last token (through its own decode path: sparse arms answer with one sparse step more
+    than alone, never one fewer). Prefill is dense in every arm, so the cache is the one each arm
+    would have written itself; what differs between arms is their decode. All arms' servers run
+    side by side; one that dies is that arm's error, the others go on."""
+    results = [ArmResult(a.name, model, n_ctx, cache) for a in arms]
+    slots = ctx.out_dir / "slots"
+    slots.mkdir(parents=True, exist_ok=True)
+    task = ctx.progress.task(f"niah shared prefill {model} @{n_ctx} {cache} ({len(arms)} arms)", total=len(samples))
+    with ExitStack() as stack:
+        servers: list[ServerProcess | None] = []
+        for arm, result in zip(arms, results):
+            try:
+                cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), cache)
+                cfg.extra_args += ["--slot-save-path", f"{slots}/"]
+                server = stack.enter_context(ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache, "shared")))
+                if calibration:
+                    result.calibration = calibrate(server, arm, calibration, n_predict)
+                servers.append(server)
+            except UserError as e:
+                result.fail(str(e))
+                servers.append(None)
+        for s in samples:
+            for i, (arm, server, result) in enumerate(zip(arms, servers, results)):
+                if server is None or result.error is not None or (i > 0 and results[0].error is not None):
+                    continue
+                try:
+                    if i > 0:
+                        server.request("POST", "/slots/0?action=restore", json={"filename": SLOT_FILE})
+                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0)
+                    if i == 0:
+                        server.request("POST", "/slots/0?action=save", json={"filename": SLOT_FILE})
+                    elif resp.get("timings", {}).get("prompt_n", 0) > MAX_REUSED_TAIL:
+                        raise UserError(f"arm {arm.name}: the restored prefill was not reused "
+                                        f"({resp['timings']['prompt_n']} prompt tokens evaluated)")
+                    result.samples.append(sample_record(s, resp.get("content", "")))
+                except UserError as e:
+                    result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
+                                " they are kept in samples)")
+            task.advance()
+        (slots / SLOT_FILE).unlink(missing_ok=True)
+    for result in results:
+        if result.error is None:
+            scored(result)
+    return results
+
+
+def scored(result: ArmResult) -> None:
     scores = [x["score"] for x in result.samples]
     result.metrics["niah"] = sum(scores) / len(scores)
     for t in sorted({x["task"] for x in result.samples}):
         sub = [x["score"] for x in result.samples if x["task"] == t]
         result.metrics[f"niah:{t}"] = sum(sub) / len(sub)
     result.metrics["samples"] = float(len(scores))
-    return result
+
+
+def needle_id(record: dict) -> str:
+    return f"{record['task']}#{record['index']}"
+
+
+def compare_needles(reference: list[dict], other: list[dict]) -> tuple[list[str], list[str]]:
+    """Needle by needle: (the needles the reference found and `other` did not, the reverse)."""
+    ref = {needle_id(x): x["score"] == 1.0 for x in reference}
+    got = {needle_id(x): x["score"] == 1.0 for x in other}
+    lost = [k for k, found in ref.items() if found and got.get(k) is False]
+    gained = [k for k, found in got.items() if found and ref.get(k) is False]
+    return lost, gained
 
 
 def run(ctx: GateContext) -> None:
     spec = ctx.spec
     n_predict = spec.n_predict
     minimum = spec.thresholds.get("min_score")
+    max_lost = spec.thresholds.get("max_lost")
+    if any(niah.task_spec(t).haystack == "essay" for t in spec.tasks):
+        source = niah.prose_source()
+        ctx.report.notes.append(f"prose haystack: {source['source']}, Python {source['python']}, "
+                                f"{source['sentences']} sentences, sha256 {source['sha256'][:12]}")
     for model in spec.models:
         for n_ctx in spec.context_lengths:
             samples, calibration = make_sample_sets(ctx, model, n_ctx, n_predict, spec.calibration_samples)
             for cache in spec.cache_types:
+                reference: ArmResult | None = None
+                shared = iter(answer_shared(ctx, list(ctx.arms), model, n_ctx, cache, n_predict, samples,
+                                            calibration) if spec.shared_prefill else ())
                 for arm in ctx.arms:
                     alone: ArmResult | None = None
                     for batch in spec.batch:
-                        r = answer(ctx, arm, model, n_ctx, cache, n_predict, samples, batch, calibration)
+                        r = next(shared) if spec.shared_prefill else \
+                            answer(ctx, arm, model, n_ctx, cache, n_predict, samples, batch, calibration)
                         if r.error is None:
                             r.passed = None if minimum is None else r.metrics["niah"] >= minimum
                             if batch == 1:
                                 alone = r
+                                if arm.name == spec.reference.name:
+                                    reference = r
+                                elif reference is not None:
+                                    lost, gained = compare_needles(reference.samples, r.samples)
+                                    r.metrics["lost_vs_reference"] = float(len(lost))
+                                    r.metrics["gained_vs_reference"] = float(len(gained))
+                                    if max_lost is not None:
+                                        r.passed = (r.passed is not False) and len(lost) <= max_lost
                             elif alone is not None:
                                 # the bar under load: every needle found alone is found again
                                 found_alone = {x["index"] for x in alone.samples if x["score"] == 1.0}

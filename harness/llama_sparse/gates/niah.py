@@ -1,4 +1,4 @@
-"""RULER needle-in-a-haystack prompts and scoring: niah_single_1, niah_multikey_1, niah_multivalue.
+"""RULER needle-in-a-haystack prompts and scoring: the niah tasks of RULER's synthetic.yaml.
 
 Follows RULER's `niah` task (Hsieh et al., NVIDIA, 2024). The wording is quoted from the RULER
 sources (Apache-2.0, "Copyright (c) 2024, NVIDIA CORPORATION"):
@@ -8,44 +8,59 @@ sources (Apache-2.0, "Copyright (c) 2024, NVIDIA CORPORATION"):
   ``"One of the special magic {type_needle_v} for {key} is: {value}."``, the "repeat" haystack
   ``"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."``
   (``sentences = [haystack] * num_haystack``, needles inserted between them,
-  ``context = "\\n".join(sentences)``), 7-digit values (``random.randint(10**6, 10**7 - 1)``),
-  "adjective-noun" keys from wonderwords, and the singular rewrite of the template when
-  ``num_needle_q * num_needle_v == 1`` (Some->A, "are all"->is, are->is, answers->answer,
-  "numbers"->"number").
+  ``context = "\\n".join(sentences)``), the "essay" haystack (sentences joined by spaces, the
+  needles inserted between sentences), the "needle" haystack (every line a needle of another
+  key, ``context = "\\n".join(sentences)``), 7-digit values (``random.randint(10**6, 10**7 - 1)``),
+  UUID values and keys (``uuid.uuid4()``), "adjective-noun" keys from wonderwords, and the
+  singular rewrite of the template when ``num_needle_q * num_needle_v == 1`` (Some->A,
+  "are all"->is, are->is, answers->answer, drop the final "s" of ``type_needle_v``).
 * scripts/data/synthetic/constants.py (FerrisChi/RULER @ 08b17256fafe2d447311954949a2d6556ebabcc8,
   xuuHuang/RULER @ fa17be2774a7): ``TASKS['niah']['template']`` and ``['answer_prefix']``, which
   scripts/data/prepare.py joins as ``model_template.format(task_template=template) +
   answer_prefix``; with the ``base`` model template ("{task_template}", scripts/data/template.py)
   that is the raw prompt, no chat template.
-* scripts/synthetic.yaml (FerrisChi/RULER @ 08b17256): niah_single_1 (num_needle_k=1, v=1, q=1),
-  niah_multikey_1 (num_needle_k=4), niah_multivalue (num_needle_v=4).
+* scripts/synthetic.yaml (FerrisChi/RULER @ 08b17256): niah_single_1 (repeat haystack),
+  niah_single_2 (essay), niah_single_3 (essay, UUID values), niah_multikey_1 (essay,
+  num_needle_k=4), niah_multikey_2 (needle haystack), niah_multikey_3 (needle haystack, UUID keys
+  and values), niah_multivalue (essay, num_needle_v=4).
 * scripts/eval/synthetic/constants.py (xuuHuang/RULER @ fa17be2774a7): niah is scored with
   ``string_match_all``: the fraction of reference strings found, case-insensitive, in the output.
 
-Deliberate differences from RULER, all asked for by our issue:
+Deliberate differences from RULER:
 
-* Upstream niah_multikey_1 and niah_multivalue use the Paul Graham "essay" haystack; here all three
-  tasks use the "repeat" haystack (no essay corpus, no network).
-* Keys come from a fixed in-module list of adjectives and nouns instead of wonderwords' lists.
+* The "essay" haystack is not Paul Graham's essays (a download) but English prose that every
+  machine with Python has: the prose paragraphs of Python's own documentation topics
+  (``pydoc_data.topics``, the text ``help()`` shows), split at sentence boundaries (see
+  `prose_sentences`). Each sample's haystack is a run of consecutive sentences starting at a
+  sentence drawn from (task, seed, index), wrapping round at the end of the text; so samples read
+  different prose and one seed always gives the same prompts with a given Python.
+  `prose_source()` names the text and its hash; gates record it beside their samples.
+* Keys come from a fixed in-module list of adjectives and nouns instead of wonderwords' lists;
+  UUIDs are drawn from the sample's seeded generator (version-4 layout), not ``uuid.uuid4()``.
 * Needle depth is not random: sample i of n sits at depth i/(n-1); for several needles the first
   (the queried key's needle, or the first value for multivalue) sits at that depth and the others
   at the evenly spaced depths (depth + k/m) mod 1.
-* The length fit is a binary search over the number of haystack lines so that the whole prompt is
-  within 2% of, and not above, ``context_tokens`` (RULER steps by 25 lines and budgets
-  ``max_seq_length`` = prompt + 128 generated tokens; here the target counts the prompt only).
+* The length fit is a binary search over the number of haystack units (lines, sentences or
+  needle lines) so that the whole prompt is within 2% of, and not above, ``context_tokens``
+  (RULER steps by 25 units and budgets ``max_seq_length`` = prompt + 128 generated tokens;
+  here the target counts the prompt only).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import random
+import re
+import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 HAYSTACK_SENTENCE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 # RULER: needle = "One of the special magic {type_needle_v} for {key} is: {value}." formatted with
-# type_needle_v=args.type_needle_v ("numbers", never singularised for the needle).
-NEEDLE_TEMPLATE = "One of the special magic numbers for {key} is: {value}."
+# the plural type_needle_v ("numbers", "uuids"), never singularised for the needle.
+NEEDLE_TEMPLATE = "One of the special magic {type_needle_v} for {key} is: {value}."
 
 # RULER scripts/data/synthetic/constants.py, TASKS['niah'] (quoted exactly).
 RULER_TEMPLATE = (
@@ -54,18 +69,36 @@ RULER_TEMPLATE = (
     "What are all the special magic {type_needle_v} for {query} mentioned in the provided text?"
 )
 RULER_ANSWER_PREFIX = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
-RULER_TYPE_NEEDLE_V = "numbers"
 TOKENS_TO_GENERATE = 128  # RULER TASKS['niah']['tokens_to_generate']; the caller generates these
 
-# task -> (num_needle_k, num_needle_v, num_needle_q), from RULER scripts/synthetic.yaml.
-_TASK_SPECS: dict[str, tuple[int, int, int]] = {
-    "niah_single_1": (1, 1, 1),
-    "niah_multikey_1": (4, 1, 1),
-    "niah_multivalue": (1, 4, 1),
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One RULER niah task as scripts/synthetic.yaml configures it."""
+
+    num_needle_k: int
+    num_needle_v: int
+    num_needle_q: int
+    haystack: str        # "repeat" | "essay" (prose here) | "needle"
+    type_needle_k: str   # "words" | "uuids"
+    type_needle_v: str   # "numbers" | "uuids"
+
+
+_TASK_SPECS: dict[str, TaskSpec] = {
+    "niah_single_1": TaskSpec(1, 1, 1, "repeat", "words", "numbers"),
+    "niah_single_2": TaskSpec(1, 1, 1, "essay", "words", "numbers"),
+    "niah_single_3": TaskSpec(1, 1, 1, "essay", "words", "uuids"),
+    "niah_multikey_1": TaskSpec(4, 1, 1, "essay", "words", "numbers"),
+    "niah_multikey_2": TaskSpec(1, 1, 1, "needle", "words", "numbers"),
+    "niah_multikey_3": TaskSpec(1, 1, 1, "needle", "uuids", "uuids"),
+    "niah_multivalue": TaskSpec(1, 4, 1, "essay", "words", "numbers"),
 }
 TASKS: tuple[str, ...] = tuple(_TASK_SPECS)
+PROSE_TASKS: tuple[str, ...] = tuple(t for t, spec in _TASK_SPECS.items() if spec.haystack != "repeat")
 
 LENGTH_TOLERANCE = 0.02  # the prompt is within 2% of the target, never above it
+FIT_SHIFTS = 64   # starts a prose or needle haystack may move by to meet the 2% window
+PROSE_MAX_SENTENCE_CHARS = 400  # longer "sentences" are run-ons of lists; one would break the 2% fit
 
 # Stand-ins for wonderwords' adjectivelist.txt / nounlist.txt: 100 adjectives x 100 nouns.
 ADJECTIVES: tuple[str, ...] = (
@@ -98,7 +131,7 @@ NOUNS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class NiahSample:
-    task: str            # "niah_single_1" | "niah_multikey_1" | "niah_multivalue"
+    task: str            # one of TASKS
     index: int
     depth: float         # 0..1, where the queried needle sits in the haystack
     context_tokens: int  # target
@@ -108,7 +141,15 @@ class NiahSample:
     distractor_keys: tuple[str, ...]
     distractor_values: tuple[str, ...] = ()  # values of the distractor needles (multikey), for diagnosis
     prompt_tokens: int = 0                    # count_tokens(prompt)
-    haystack_lines: int = 0                   # number of HAYSTACK_SENTENCE lines in the context
+    haystack_lines: int = 0                   # haystack units in the context: lines, prose sentences or needle lines
+    haystack: str = "repeat"                  # the task's haystack kind: "repeat", "essay" (prose) or "needle"
+
+
+def task_spec(task: str) -> TaskSpec:
+    try:
+        return _TASK_SPECS[task]
+    except KeyError:
+        raise ValueError(f"unknown niah task {task!r}; expected one of {', '.join(TASKS)}") from None
 
 
 def task_template(task: str) -> str:
@@ -116,10 +157,10 @@ def task_template(task: str) -> str:
 
     Still has the ``{context}`` and ``{query}`` fields; ``{type_needle_v}`` is filled.
     """
-    num_k, num_v, num_q = _spec(task)
+    spec = task_spec(task)
     template = RULER_TEMPLATE + RULER_ANSWER_PREFIX
-    type_needle_v = RULER_TYPE_NEEDLE_V
-    if num_q * num_v == 1:  # exactly RULER niah.py's rewrite, applied before formatting
+    type_needle_v = spec.type_needle_v
+    if spec.num_needle_q * spec.num_needle_v == 1:  # exactly RULER niah.py's rewrite, applied before formatting
         template = template.replace("Some", "A")
         template = template.replace("are all", "is")
         template = template.replace("are", "is")
@@ -128,29 +169,67 @@ def task_template(task: str) -> str:
     return template.replace("{type_needle_v}", type_needle_v)
 
 
-def needle(key: str, value: str) -> str:
-    return NEEDLE_TEMPLATE.format(key=key, value=value)
+def needle(key: str, value: str, type_needle_v: str = "numbers") -> str:
+    return NEEDLE_TEMPLATE.format(type_needle_v=type_needle_v, key=key, value=value)
 
 
 def sample_depth(index: int, n_samples: int) -> float:
     return 0.0 if n_samples <= 1 else index / (n_samples - 1)
 
 
+@functools.lru_cache(maxsize=1)
+def prose_sentences() -> tuple[str, ...]:
+    """The prose of Python's documentation topics (``pydoc_data.topics``), as sentences.
+
+    Topics in sorted order; of each topic the paragraphs that are running text (no indented line:
+    grammar, code and tables are indented there) of at least 12 words; each paragraph's whitespace
+    collapsed and split after a full stop, question or exclamation mark followed by a capital, a
+    digit or a quote; a sentence kept when it ends in one of those marks (not in a colon that
+    introduced a dropped code block) and is at most PROSE_MAX_SENTENCE_CHARS long.
+    """
+    from pydoc_data.topics import topics
+
+    sentences: list[str] = []
+    for name in sorted(topics):
+        for block in re.split(r"\n\s*\n", topics[name]):
+            lines = block.splitlines()
+            if not lines or any(ln.startswith((" ", "\t")) for ln in lines):
+                continue
+            paragraph = " ".join(block.split())
+            if len(paragraph.split()) < 12:
+                continue
+            for sentence in re.split(r"(?<=[.!?])\s+(?=[\"'(*A-Z0-9])", paragraph):
+                if sentence[-1:] in ".!?" and len(sentence) <= PROSE_MAX_SENTENCE_CHARS:
+                    sentences.append(sentence)
+    if len(sentences) < 100:
+        raise RuntimeError(f"pydoc_data.topics gave only {len(sentences)} prose sentences")
+    return tuple(sentences)
+
+
+def prose_source() -> dict:
+    """What the prose haystack is made of: its source, the Python that shipped it, its size and hash."""
+    sentences = prose_sentences()
+    text = "\n".join(sentences)
+    return {"source": "pydoc_data.topics (prose paragraphs of Python's documentation topics)",
+            "python": ".".join(map(str, sys.version_info[:3])), "sentences": len(sentences),
+            "characters": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
 def generate(task: str, context_tokens: int, n_samples: int, seed: int,
              count_tokens: Callable[[str], int], calibration: bool = False) -> list[NiahSample]:
     """`n_samples` prompts for `task`, each `context_tokens` long (within 2%, never above) as
     measured by `count_tokens` (the model's tokenizer). Deterministic in its arguments; sample i's
-    keys and values depend only on (task, seed, i), so they are the same at every length.
+    keys, values and prose depend only on (task, seed, i), so they are the same at every length.
 
     With `calibration`, the samples are drawn from a stream of their own (keys and values apart
     from the scored samples' of any count) and sit between the scored depths, at (i + 0.5) / n:
     prompts of the same kind for a method to calibrate on, never the questions it is scored on.
 
     Raises ValueError for an unknown task, a non-positive sample count, or a target that cannot be
-    met: smaller than the template with its needles, or too small for one haystack line's worth of
+    met: smaller than the template with its needles, or too small for one haystack unit's worth of
     tokens to fit in the 2% tolerance.
     """
-    num_k, num_v, _ = _spec(task)
+    spec = task_spec(task)
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     if context_tokens < 1:
@@ -160,21 +239,32 @@ def generate(task: str, context_tokens: int, n_samples: int, seed: int,
     hint: int | None = None
     for index in range(n_samples):
         depth = (index + 0.5) / n_samples if calibration else sample_depth(index, n_samples)
-        key, values, d_keys, d_values = _draw(task, seed, index, num_k, num_v, calibration)
+        rng = _rng(task, seed, index, calibration)
+        key, values, d_keys, d_values = _draw(rng, spec)
         # (depth, needle text): the queried needle (or first value) at the sample's depth first.
-        texts = [needle(key, v) for v in values] + [needle(k, v) for k, v in zip(d_keys, d_values)]
+        texts = ([needle(key, v, spec.type_needle_v) for v in values]
+                 + [needle(k, v, spec.type_needle_v) for k, v in zip(d_keys, d_values)])
         m = len(texts)
         placed = [((depth + j / m) % 1.0 if j else depth, t) for j, t in enumerate(texts)]
+        units, join = _haystack(spec, rng, (key, *d_keys))
+        # A stretch of prose or needle lines whose last unit overshoots the 2% window is started a
+        # unit later (up to FIT_SHIFTS times): the haystack stays whole sentences.
+        for shift in range(FIT_SHIFTS if spec.haystack != "repeat" else 1):
+            def build(n: int, placed=placed, key=key, units=units, join=join, shift=shift) -> str:
+                return template.format(context=_context(units(shift + n)[shift:], placed, join), query=key)
 
-        def build(n_lines: int, placed=placed, key=key) -> str:
-            return template.format(context=_context(n_lines, placed), query=key)
-
-        n_lines, prompt, tokens = _fit(build, context_tokens, count_tokens, hint, task)
-        hint = n_lines
+            try:
+                n_units, prompt, tokens = _fit(build, context_tokens, count_tokens, hint, task, units(8))
+                break
+            except _ShortFit:
+                if shift == FIT_SHIFTS - 1 or spec.haystack == "repeat":
+                    raise
+        hint = n_units
         samples.append(NiahSample(
             task=task, index=index, depth=depth, context_tokens=context_tokens, prompt=prompt,
             key=key, values=tuple(values), distractor_keys=tuple(d_keys),
-            distractor_values=tuple(d_values), prompt_tokens=tokens, haystack_lines=n_lines))
+            distractor_values=tuple(d_values), prompt_tokens=tokens, haystack_lines=n_units,
+            haystack=spec.haystack))
     return samples
 
 
@@ -189,24 +279,35 @@ def score(sample: NiahSample, output: str) -> float:
 
 # --- internals -------------------------------------------------------------------------------
 
-def _spec(task: str) -> tuple[int, int, int]:
-    try:
-        return _TASK_SPECS[task]
-    except KeyError:
-        raise ValueError(f"unknown niah task {task!r}; expected one of {', '.join(TASKS)}") from None
-
-
-def _draw(task: str, seed: int, index: int, num_k: int, num_v: int,
-          calibration: bool = False) -> tuple[str, list[str], list[str], list[str]]:
-    """Keys (distinct) and 7-digit values (distinct) for one sample."""
+def _rng(task: str, seed: int, index: int, calibration: bool) -> random.Random:
     stream = "calibration/" if calibration else ""
-    rng = random.Random(f"llama_sparse.gates.niah/{stream}{task}/{seed}/{index}")
-    picks = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), num_k)
-    keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in picks]
+    return random.Random(f"llama_sparse.gates.niah/{stream}{task}/{seed}/{index}")
+
+
+def _uuid(rng: random.Random) -> str:
+    """A version-4 UUID from `rng` (RULER's uuid.uuid4(), made deterministic)."""
+    h = f"{rng.getrandbits(128):032x}"
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) % 4]}{h[17:20]}-{h[20:]}"
+
+
+def _word_key(pick: int) -> str:
+    return f"{ADJECTIVES[pick // len(NOUNS)]}-{NOUNS[pick % len(NOUNS)]}"
+
+
+def _draw(rng: random.Random, spec: TaskSpec) -> tuple[str, list[str], list[str], list[str]]:
+    """Keys (distinct) and values (distinct) for one sample."""
+    num_k, num_v = spec.num_needle_k, spec.num_needle_v
+    if spec.type_needle_k == "words":
+        keys = [_word_key(p) for p in rng.sample(range(len(ADJECTIVES) * len(NOUNS)), num_k)]
+    else:
+        keys = [_uuid(rng) for _ in range(num_k)]
     seen: set[str] = set()
     values: list[str] = []
     while len(values) < num_k * num_v:
-        v = str(rng.randint(10**6, 10**7 - 1))  # RULER generate_random_number(num_digits=7)
+        if spec.type_needle_v == "numbers":
+            v = str(rng.randint(10**6, 10**7 - 1))  # RULER generate_random_number(num_digits=7)
+        else:
+            v = _uuid(rng)
         if v not in seen:
             seen.add(v)
             values.append(v)
@@ -214,18 +315,57 @@ def _draw(task: str, seed: int, index: int, num_k: int, num_v: int,
     return key, values[:num_v], d_keys, values[num_v:]
 
 
-def _context(n_lines: int, placed: list[tuple[float, str]]) -> str:
-    """`n_lines` haystack lines with each needle inserted as its own line at its depth."""
-    sentences = [HAYSTACK_SENTENCE] * n_lines
-    at = sorted(((round(d * n_lines), -j, t) for j, (d, t) in enumerate(placed)), reverse=True)
+def _haystack(spec: TaskSpec, rng: random.Random,
+              keys: Sequence[str]) -> tuple[Callable[[int], list[str]], str]:
+    """The sample's haystack as (units(n): its first n units, the string that joins them)."""
+    if spec.haystack == "repeat":
+        return (lambda n: [HAYSTACK_SENTENCE] * n), "\n"
+    if spec.haystack == "essay":
+        sentences = prose_sentences()
+        start = rng.randrange(len(sentences))
+        return (lambda n: [sentences[(start + i) % len(sentences)] for i in range(n)]), " "
+    # "needle": every line a needle of another key with its own value (RULER's multikey_2/_3)
+    lines: list[str] = []
+    taken = set(keys)
+    hay_rng = random.Random(rng.getrandbits(64))
+    n_word_keys = len(ADJECTIVES) * len(NOUNS)
+
+    def units(n: int) -> list[str]:
+        while len(lines) < n:
+            if spec.type_needle_k == "words":
+                if len(taken) >= n_word_keys:
+                    raise ValueError(f"niah_multikey needle haystack: more than {n_word_keys - len(keys)} "
+                                     "lines asked for, and there are no more distinct word keys")
+                k = _word_key(hay_rng.randrange(n_word_keys))
+            else:
+                k = _uuid(hay_rng)
+            if k in taken:
+                continue
+            taken.add(k)
+            v = str(hay_rng.randint(10**6, 10**7 - 1)) if spec.type_needle_v == "numbers" else _uuid(hay_rng)
+            lines.append(needle(k, v, spec.type_needle_v))
+        return lines[:n]
+
+    return units, "\n"
+
+
+def _context(units: list[str], placed: list[tuple[float, str]], join: str) -> str:
+    """The haystack units with each needle inserted as its own unit at its depth."""
+    n = len(units)
+    at = sorted(((round(d * n), -j, t) for j, (d, t) in enumerate(placed)), reverse=True)
     for pos, _, text in at:  # highest position first, as RULER does, so lower ones stay valid
-        sentences.insert(pos, text)
-    return "\n".join(sentences)
+        units.insert(pos, text)
+    return join.join(units)
+
+
+class _ShortFit(ValueError):
+    """No unit count lands the prompt within the 2% window (one unit overshoots it)."""
 
 
 def _fit(build: Callable[[int], str], target: int, count_tokens: Callable[[str], int],
-         hint: int | None, task: str) -> tuple[int, str, int]:
-    """The largest haystack line count whose prompt is <= target tokens; checked to be >= 98%."""
+         hint: int | None, task: str, probe_units: list[str]) -> tuple[int, str, int]:
+    """The largest haystack unit count whose prompt is <= target tokens; checked to be >= 98%.
+    `probe_units` (a few of the haystack's first units) give the first estimate of tokens per unit."""
     cache: dict[int, tuple[int, str]] = {}
 
     def tok(n: int) -> int:
@@ -239,9 +379,10 @@ def _fit(build: Callable[[int], str], target: int, count_tokens: Callable[[str],
         raise ValueError(
             f"{task}: target of {target} tokens is smaller than the prompt without haystack "
             f"({base} tokens)")
-    limit = 4 * target + 16  # each line adds at least a token with any sane tokenizer
+    limit = 4 * target + 16  # each unit adds at least a token with any sane tokenizer
     if hint is None:  # first sample: estimate lines from one probe (secant through n=0)
-        probe = max(1, (target - base) // max(1, int(count_tokens(HAYSTACK_SENTENCE + "\n"))))
+        per_unit = int(count_tokens("\n".join(probe_units) + "\n")) / max(1, len(probe_units))
+        probe = max(1, int((target - base) / max(1.0, per_unit)))
         grown = tok(probe) - base
         hint = max(1, (target - base) * probe // grown) if grown > 0 else probe
         step = max(1, hint // 512)
@@ -275,8 +416,8 @@ def _fit(build: Callable[[int], str], target: int, count_tokens: Callable[[str],
             hi = mid
     tokens, prompt = cache[lo]
     if tokens < (1.0 - LENGTH_TOLERANCE) * target:
-        raise ValueError(
-            f"{task}: cannot meet {target} tokens within {LENGTH_TOLERANCE:.0%}: {lo} haystack lines "
-            f"give {tokens} tokens, {lo + 1} give {tok(lo + 1)} (target too small for one line's "
+        raise _ShortFit(
+            f"{task}: cannot meet {target} tokens within {LENGTH_TOLERANCE:.0%}: {lo} haystack units "
+            f"give {tokens} tokens, {lo + 1} give {tok(lo + 1)} (target too small for one unit's "
             f"granularity)")
     return lo, prompt, tokens

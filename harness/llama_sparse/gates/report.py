@@ -327,6 +327,7 @@ def markdown_table(report: GateReport) -> str:
         for r in errored:
             out += ["", f"### {r.arm} / {r.model} / {_k(r.context)} / {r.cache_type} / B={r.batch}",
                     "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
+    out += _needle_table(report)
     calibrated = [r for r in report.results if r.calibration]
     if calibrated:
         out += ["", "## Calibration questions (answered first, not scored)", ""]
@@ -338,6 +339,40 @@ def markdown_table(report: GateReport) -> str:
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
+
+
+def _needle_table(report: GateReport) -> list[str]:
+    """niah: every needle of each (model, context, cache) by arm, alone (B=1): `found`, or the
+    start of the wrong answer; a needle the first arm found and another lost is marked LOST."""
+    if report.spec.kind != "niah":
+        return []
+    groups: dict[tuple, list[ArmResult]] = {}
+    for r in report.results:
+        if r.error is None and r.batch == 1 and r.samples:
+            groups.setdefault((r.model, r.context, r.cache_type), []).append(r)
+    out: list[str] = []
+    for (model, context, cache), results in groups.items():
+        if len(results) < 2:
+            continue
+        ref = results[0]
+        out += ["", f"## Needle by needle: {model}, {_k(context)}, {cache} (against {ref.arm})", "",
+                "| needle | depth | " + " | ".join(r.arm for r in results) + " |",
+                "|---|--:|" + "---|" * len(results)]
+        by_arm = [{(x["task"], x["index"]): x for x in r.samples} for r in results]
+        for key, first in by_arm[0].items():
+            cells = []
+            for i, samples in enumerate(by_arm):
+                x = samples.get(key)
+                if x is None:
+                    cells.append("-")
+                elif x["score"] == 1.0:
+                    cells.append("found")
+                else:
+                    answer = " ".join(x["output"].split())[:14] or "(empty)"
+                    lost = i > 0 and first["score"] == 1.0
+                    cells.append(("LOST " if lost else "") + f"`{answer}`")
+            out.append(f"| {key[0]}#{key[1]} | {first['depth']:.2f} | " + " | ".join(_cell(c) for c in cells) + " |")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

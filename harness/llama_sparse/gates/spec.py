@@ -37,12 +37,13 @@ from typing import Any
 import yaml
 
 from llama_sparse.errors import UserError
+from llama_sparse.gates import niah
 from llama_sparse.models import MODEL_NAMES as KNOWN_MODELS
 
 KINDS = ("identity", "niah", "logits", "ab", "load")
 VARIANTS = ("patched", "upstream")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-NIAH_TASKS = ("niah_single_1", "niah_multikey_1", "niah_multivalue")
+NIAH_TASKS = niah.TASKS
 MIN_AB_REPEATS = 5
 NAME_RE = re.compile(r"^[a-z0-9._-]+$")
 
@@ -64,6 +65,8 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
     },
     "niah": {
         "min_score": Threshold("fraction of needles found, per arm and context", 0, 1),
+        "max_lost": Threshold("needles the reference arm found that another arm did not (alone, same "
+                              "model, context and cache)", 0, integer=True),
     },
     "logits": {
         "max_kl_mean": Threshold("mean KL divergence from the reference arm, per step", 0),
@@ -135,6 +138,8 @@ class GateSpec:
     calibration_samples: int = 0                # niah only: unscored needle prompts (their own keys,
                                                 # values and depths) each arm answers first, so that
                                                 # SCSA calibrates on answers that retrieve
+    shared_prefill: bool = False                # niah only: each prompt prefilled once, by the first
+                                                # arm; every other arm restores that slot and decodes
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -160,7 +165,8 @@ class GateSpec:
             "tasks": list(self.tasks), "repeats": self.repeats, "n_predict": self.n_predict,
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
             "time_limit": self.time_limit, "skip_steps": self.skip_steps,
-            "calibration_samples": self.calibration_samples, "seed": self.seed, "threads": self.threads,
+            "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
+            "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 
@@ -533,11 +539,11 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
 
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
             "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
-            "skip_steps", "calibration_samples", "seed", "threads", "thresholds")
+            "skip_steps", "calibration_samples", "shared_prefill", "seed", "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
 KIND_ONLY = {"tasks": ("niah", "load"), "repeats": ("ab",), "batch": ("ab", "niah", "load"),
              "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",),
-             "calibration_samples": ("niah",)}
+             "calibration_samples": ("niah",), "shared_prefill": ("niah",)}
 MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1}
 
 
@@ -632,6 +638,15 @@ def load(path: Path) -> GateSpec:
                                          f"{values['samples'] + 1} rows (samples + the prefill's) to compare")
     if "calibration_samples" in data:
         values["calibration_samples"] = _positive_int(ck, data, "calibration_samples", 0)
+    if "shared_prefill" in data:
+        if not isinstance(data["shared_prefill"], bool):
+            ck.fail(data.lines["shared_prefill"], f"shared_prefill: must be true or false, not "
+                                                  f"{_type_name(data['shared_prefill'])} ({data['shared_prefill']!r})")
+        elif data["shared_prefill"] and "batch" in data and data["batch"] not in (1, [1]):
+            ck.fail(data.lines["shared_prefill"], "shared_prefill: the arms answer one prompt at a time; "
+                                                  "it takes no batch but [1]")
+        else:
+            values["shared_prefill"] = data["shared_prefill"]
     if "threads" in data:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
     if "n_predict" not in data and kind == "niah":
