@@ -259,3 +259,23 @@ def test_compare_needles_is_needle_by_needle_not_a_count() -> None:
              needle_record("niah_multikey_1", 0, True)]
     assert compare_needles(ref, other) == (["niah_single_2#0"], ["niah_single_2#1"])  # same count, one lost
     assert compare_needles(ref, ref) == ([], [])
+
+
+def test_an_arm_that_loses_a_needle_dense_found_fails_max_lost_even_with_the_same_score() -> None:
+    from llama_sparse.gates.needles import judge_against_reference
+
+    def arm(name: str, found: list[bool]) -> ArmResult:
+        return ArmResult(arm=name, model="smollm2-135m", context=4096, cache_type="f16", passed=True,
+                         samples=[needle_record("niah_multikey_1", i, f) for i, f in enumerate(found)])
+
+    dense = arm("dense", [True, False, True])
+    swapped = arm("sparse", [False, True, True])      # 2 of 3 like dense, but not the same needles
+    judge_against_reference(dense, swapped, max_lost=0)
+    assert swapped.passed is False
+    assert swapped.metrics == {"lost_vs_reference": 1.0, "gained_vs_reference": 1.0}
+    same = arm("sparse", [True, False, True])
+    judge_against_reference(dense, same, max_lost=0)
+    assert same.passed is True
+    unjudged = arm("sparse", [False, False, False])
+    judge_against_reference(dense, unjudged, max_lost=None)  # counted, not judged
+    assert unjudged.passed is True and unjudged.metrics["lost_vs_reference"] == 2.0

@@ -193,6 +193,16 @@ def compare_needles(reference: list[dict], other: list[dict]) -> tuple[list[str]
     return lost, gained
 
 
+def judge_against_reference(reference: ArmResult, result: ArmResult, max_lost: float | None) -> None:
+    """Counts the needles `result` lost and gained against the reference arm, needle by needle;
+    with `max_lost`, losing more fails the result (whatever its score)."""
+    lost, gained = compare_needles(reference.samples, result.samples)
+    result.metrics["lost_vs_reference"] = float(len(lost))
+    result.metrics["gained_vs_reference"] = float(len(gained))
+    if max_lost is not None:
+        result.passed = (result.passed is not False) and len(lost) <= max_lost
+
+
 def run(ctx: GateContext) -> None:
     spec = ctx.spec
     n_predict = spec.n_predict
@@ -221,11 +231,7 @@ def run(ctx: GateContext) -> None:
                                 if arm.name == spec.reference.name:
                                     reference = r
                                 elif reference is not None:
-                                    lost, gained = compare_needles(reference.samples, r.samples)
-                                    r.metrics["lost_vs_reference"] = float(len(lost))
-                                    r.metrics["gained_vs_reference"] = float(len(gained))
-                                    if max_lost is not None:
-                                        r.passed = (r.passed is not False) and len(lost) <= max_lost
+                                    judge_against_reference(reference, r, max_lost)
                             elif alone is not None:
                                 # the bar under load: every needle found alone is found again
                                 found_alone = {x["index"] for x in alone.samples if x["score"] == 1.0}
