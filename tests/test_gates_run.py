@@ -204,6 +204,9 @@ n_predict: 8
     (tmp_path / "alone").mkdir()
     shared = gate(tmp_path / "shared", head + "shared_prefill: true\n" + arms)
     alone = gate(tmp_path / "alone", head + "arms: [dense]\n")
+    assert [r.arm for r in shared.report.results] == ["dense", "dense-again", "anchor", "top-k"]  # each once
+    saved = json.loads((shared.out_dir / "report.json").read_text())
+    assert [len(r["samples"]) for r in saved["results"]] == [3, 3, 3, 3]
     outputs = {r.arm: [x["output"] for x in r.samples] for r in shared.report.results}
     assert all(r.error is None for r in shared.report.results), [r.error for r in shared.report.results]
     assert len(outputs["dense"]) == 3 and all(outputs["dense"])

@@ -128,8 +128,12 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
     prompt's last token (through its own decode path: sparse arms answer with one sparse step more
     than alone, never one fewer). Prefill is dense in every arm, so the cache is the one each arm
     would have written itself; what differs between arms is their decode. All arms' servers run
-    side by side; one that dies is that arm's error, the others go on."""
+    side by side; one that dies is that arm's error, the others go on. The results are in the
+    report from the start and it is written after every sample, so a run cut short keeps every
+    answer given so far."""
     results = [ArmResult(a.name, model, n_ctx, cache) for a in arms]
+    for result in results:
+        ctx.record(result)
     slots = ctx.out_dir / "slots"
     slots.mkdir(parents=True, exist_ok=True)
     task = ctx.progress.task(f"niah shared prefill {model} @{n_ctx} {cache} ({len(arms)} arms)", total=len(samples))
@@ -164,7 +168,13 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                     result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
                                 " they are kept in samples)")
             task.advance()
+            ctx.save()
         (slots / SLOT_FILE).unlink(missing_ok=True)
+    if results[0].error is not None:
+        for arm, result in zip(arms[1:], results[1:]):
+            if result.error is None:
+                result.fail(f"arm {arm.name} stopped with the first arm ({arms[0].name}), which prefills every "
+                            f"prompt: {len(result.samples)} of {len(samples)} samples answered; they are kept in samples")
     for result in results:
         if result.error is None:
             scored(result)
@@ -244,5 +254,8 @@ def run(ctx: GateContext) -> None:
                             found = sum(1 for x in r.samples if x["score"] == 1.0)
                             ctx.progress.log(f"  {arm.name} {model} @{n_ctx} {cache} B{batch}: niah "
                                              f"{r.metrics['niah']:.1%} ({found}/{len(r.samples)} found)")
-                        ctx.record(r)
+                        if spec.shared_prefill:
+                            ctx.save()  # answer_shared recorded it
+                        else:
+                            ctx.record(r)
     ctx.report.passed = bool(ctx.report.results) and all(r.passed is not False for r in ctx.report.results)
