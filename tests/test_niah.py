@@ -137,7 +137,7 @@ def test_prose_context_is_consecutive_documentation_sentences_plus_needles(task:
     flat = " ".join(" ".join(t.split()) for t in topics.values())
     for s in generate(task, 3000, 3, seed=1, count_tokens=words):
         context = context_of(s)
-        needles = [n for n in re.findall(r"One of the special magic \w+ for \S+ is: \S+\.", context)]
+        needles = re.findall(r"One of the special magic \w+ for \S+ is: \S+\.", context)
         assert len(needles) == (1 if task.startswith("niah_single") else 4)
         assert the_needle(s) in needles
         for n in needles:

@@ -110,8 +110,7 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
                     for rec in pool.map(one, samples):
                         result.samples.append(rec)
     except UserError as e:
-        return result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
-                           " they are kept in samples)")
+        return result.fail(f"{e}\n{kept(result, samples)}")
     scored(result)
     return result
 
@@ -165,8 +164,7 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                                         f"({resp['timings']['prompt_n']} prompt tokens evaluated)")
                     result.samples.append(sample_record(s, resp.get("content", "")))
                 except UserError as e:
-                    result.fail(f"{e}\n({len(result.samples)} of {len(samples)} samples answered before the error;"
-                                " they are kept in samples)")
+                    result.fail(f"{e}\n{kept(result, samples)}")
             task.advance()
             ctx.save()
         (slots / SLOT_FILE).unlink(missing_ok=True)
@@ -174,11 +172,15 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
         for arm, result in zip(arms[1:], results[1:]):
             if result.error is None:
                 result.fail(f"arm {arm.name} stopped with the first arm ({arms[0].name}), which prefills every "
-                            f"prompt: {len(result.samples)} of {len(samples)} samples answered; they are kept in samples")
+                            f"prompt\n{kept(result, samples)}")
     for result in results:
         if result.error is None:
             scored(result)
     return results
+
+
+def kept(result: ArmResult, samples: list[niah.NiahSample]) -> str:
+    return f"({len(result.samples)} of {len(samples)} samples answered before the error; they are kept in samples)"
 
 
 def scored(result: ArmResult) -> None:

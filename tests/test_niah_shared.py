@@ -1,0 +1,77 @@
+"""niah's shared prefill (needles.answer_shared) against stand-in servers: what happens when an arm
+dies or does not reuse the restored slot. No build needed; the real servers are in
+tests/test_gates_run.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llama_sparse.errors import UserError
+from llama_sparse.gates import needles, niah
+from llama_sparse.gates.runner import GateContext
+from llama_sparse.gates.spec import load
+from llama_sparse.progress import Progress
+from llama_sparse.server import ServerConfig
+
+
+class FakeServer:
+    """Answers every prompt with the needle's value; `fail_at` (answer number) raises as a dead
+    server would; `prompt_n` is what the timings say was evaluated."""
+
+    def __init__(self, name: str, fail_at: int | None, prompt_n: int) -> None:
+        self.name, self.fail_at, self.prompt_n, self.answers = name, fail_at, prompt_n, 0
+
+    def __enter__(self) -> "FakeServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def request(self, method: str, path: str, **kw) -> dict:
+        return {}
+
+    def complete(self, prompt: str, n_predict: int = 32, **params) -> dict:
+        if self.fail_at is not None and self.answers == self.fail_at:
+            raise UserError(f"llama-server {self.name} exited with code -9 during POST /completion")
+        self.answers += 1
+        return {"content": prompt[-20:], "timings": {"prompt_n": self.prompt_n}}
+
+
+def run_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, behaviour: dict[str, tuple[int | None, int]]):
+    gate = tmp_path / "g.yaml"
+    gate.write_text("kind: niah\nmodels: [tiny-qwen3]\ncontext_lengths: [1024]\nsamples: 3\n"
+                    "tasks: [niah_single_2]\nshared_prefill: true\narms: [dense, {name: sparse, flags: []}]\n")
+    with Progress(plain=True) as progress:
+        ctx = GateContext(load(gate), tmp_path / "out", progress)
+        ctx.out_dir.mkdir()
+        monkeypatch.setattr(ctx, "server_config", lambda arm, *a, **k: ServerConfig(model=Path(arm.name)))
+        monkeypatch.setattr(needles, "ServerProcess",
+                            lambda cfg, log: FakeServer(cfg.model.name, *behaviour[cfg.model.name]))
+        samples = niah.generate("niah_single_2", 600, 3, 0, lambda t: len(t.split()))
+        return ctx, needles.answer_shared(ctx, ctx.arms, "tiny-qwen3", 1024, "f16", 8, samples)
+
+
+def test_every_arm_answers_every_prompt_and_the_report_holds_each_once(tmp_path, monkeypatch) -> None:
+    ctx, (dense, sparse) = run_shared(tmp_path, monkeypatch, {"dense": (None, 600), "sparse": (None, 1)})
+    assert dense.error is None and sparse.error is None
+    assert len(dense.samples) == len(sparse.samples) == 3 and sparse.metrics["samples"] == 3.0
+    saved = json.loads((ctx.out_dir / "report.json").read_text())
+    assert [r["arm"] for r in saved["results"]] == ["dense", "sparse"]
+
+
+def test_when_the_first_arm_dies_the_others_stop_as_errors_keeping_their_answers(tmp_path, monkeypatch) -> None:
+    ctx, (dense, sparse) = run_shared(tmp_path, monkeypatch, {"dense": (1, 600), "sparse": (None, 1)})
+    assert "exited with code -9" in dense.error and len(dense.samples) == 1
+    assert "stopped with the first arm (dense)" in sparse.error and len(sparse.samples) == 1
+    assert dense.metrics == sparse.metrics == {}  # an error is never a score
+    saved = json.loads((ctx.out_dir / "report.json").read_text())
+    assert [len(r["samples"]) for r in saved["results"]] == [1, 1]
+
+
+def test_an_arm_that_evaluates_the_whole_prompt_again_is_an_error(tmp_path, monkeypatch) -> None:
+    _, (dense, sparse) = run_shared(tmp_path, monkeypatch, {"dense": (None, 600), "sparse": (None, 600)})
+    assert dense.error is None and len(dense.samples) == 3
+    assert "the restored prefill was not reused (600 prompt tokens evaluated)" in sparse.error
