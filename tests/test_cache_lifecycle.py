@@ -25,7 +25,7 @@ from llama_sparse.gates.texts import reference_text
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = {"prompt-reuse", "seq-removal", "context-shift", "save-restore", "seq-keep"}
+SCENARIOS = {"prompt-reuse", "seq-removal", "context-shift", "save-restore", "seq-keep", "first-cell-reuse"}
 
 
 def cachecheck(model: Path, tmp_path: Path, *flags: str, prompt_tokens: int = 1000) -> dict:
@@ -70,7 +70,7 @@ def test_bounds_stay_exact_with_top_k_selection(smollm2: Path, tmp_path: Path, c
     # the checks covered the operations that could leave bounds stale
     after = {c["after"] for s in run.values() for c in s["checks"]}
     assert {"seq_rm of the suffix", "seq_rm of sequence 1", "restore", "seq_keep of sequence 0",
-            "context shift and decode"} <= after
+            "context shift and decode", "a new sequence in its cells"} <= after
 
 
 def test_gemma3_global_layers_keep_exact_bounds(gemma3: Path, tmp_path: Path) -> None:

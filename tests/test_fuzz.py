@@ -21,9 +21,15 @@ def test_summary_and_sanitizer_reports_are_read() -> None:
 @pytest.mark.slow
 def test_fuzz_under_sanitizers(project) -> None:
     binary = fuzz.build(project, log=lambda _: None)
-    result = fuzz.run(binary, cases=300, seed=42, threads=4)
-    assert result.cases == 300, result.output[-3000:]
+    # thread counts drawn per case up to 64: the split-KV reduce lost the last threads' rows of a
+    # selection at 28 and 64 threads (cases of seed 11 failed before the fix); fills into live
+    # blocks: the fill reset a block whose first cell was rewritten (27 of 120 cases failed)
+    result = fuzz.run(binary, cases=240, seed=42, threads=0)
+    assert result.cases == 240, result.output[-3000:]
     assert result.ok, result.output[-3000:]
-    # every value and mask kind was drawn
-    for kind in ("uniform", "all-equal", "inf", "nan", "huge", "causal", "window", "single-block", "empty", "holes"):
-        assert f" {kind} " in result.output.splitlines()[-1]
+    summary = result.output.splitlines()[-1]
+    assert "up to 64" in summary
+    # every value, mask and fill kind was drawn
+    for kind in ("uniform", "all-equal", "inf", "nan", "huge", "causal", "window", "single-block", "empty", "holes",
+                 "fresh", "append", "reuse"):
+        assert f" {kind} " in summary

@@ -216,7 +216,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fuzz", help="fuzz the block-sparse CPU kernels under ASan and UBSan (builds build/fuzz)")
     p.add_argument("--cases", type=int, default=300)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--threads", type=int, default=4, help="threads of the optimized run")
+    p.add_argument("--threads", type=int, default=0,
+                   help="threads of the optimized run (default 0: drawn per case from 1 to 64)")
     p.add_argument("--jobs", type=int, default=2, help="build jobs")
     p.set_defaults(func=_cmd_fuzz)
 

@@ -61,7 +61,7 @@ def build(project: Project, jobs: int = 2, log=print) -> Path:
     return out / "bin" / "llama-sparse-fuzz"
 
 
-def run(binary: Path, cases: int, seed: int, threads: int = 4, timeout: int = 1800) -> FuzzResult:
+def run(binary: Path, cases: int, seed: int, threads: int = 0, timeout: int = 1800) -> FuzzResult:
     if not binary.is_file():
         raise UserError(f"{binary} is missing; run `llama-sparse fuzz` (it builds it)")
     proc = subprocess.run([str(binary), "--cases", str(cases), "--seed", str(seed), "--threads", str(threads)],

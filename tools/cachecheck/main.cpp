@@ -222,6 +222,24 @@ int main(int argc, char ** argv) {
         r.check("restore and decode");
         out.push_back(r.end("save-restore"));
 
+        // a freed first cell reused while the rest of its block still serves another sequence
+        // (llama-server's slots share one cache): sequence 1 takes cells [0, n1), sequence 0 the
+        // cells after it, so the block holding cell n1 starts with sequence 1's keys and goes on
+        // with sequence 0's; sequence 1 goes, and a new sequence 1 is written into its cells,
+        // the first cell of that block included, while sequence 0's keys there stay live
+        r.begin();
+        const int n1 = (P/4/32)*32 + 13; // inside a block for every block size (multiples of 32)
+        r.feed(1, T + P, n1, 0);
+        r.feed(0, T, P/2, 0);
+        r.check("two sequences sharing a block");
+        llama_memory_seq_rm(r.mem, 1, -1, -1);
+        r.check("seq_rm of the first sequence");
+        r.feed(1, T + 2*P, n1 - 3, 0);
+        r.check("a new sequence in its cells");
+        r.decode(0, T + P/2, K, P/2);
+        r.check("the other sequence decoded");
+        out.push_back(r.end("first-cell-reuse"));
+
         // keep one sequence
         r.begin();
         r.feed(1, T + P, P/3 + 5, 0);
