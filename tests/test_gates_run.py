@@ -219,8 +219,9 @@ n_predict: 8
 
 
 def test_niah_calibration_samples_come_first_and_freeze_scsa(tmp_path: Path) -> None:
-    """Each arm answers the calibration question before the scored ones; an SCSA arm's taus are
-    frozen by then, so no scored answer is decoded inside the calibration window."""
+    """An SCSA arm answers the calibration question before the scored ones and its taus are
+    frozen by then, so no scored answer is decoded inside the calibration window; an arm that
+    does not calibrate (dense) answers none."""
     ctx = gate(tmp_path, """
 kind: niah
 models: [tiny-qwen3]
@@ -235,9 +236,9 @@ arms:
 """)
     dense, scsa = ctx.report.results
     assert dense.error is None and scsa.error is None, (dense.error, scsa.error)
-    for r in (dense, scsa):
-        assert len(r.calibration) == 1 and len(r.samples) == 2 and r.metrics["samples"] == 2.0
-        assert r.calibration[0]["depth"] == 0.5 and r.calibration[0]["key"] not in {s["key"] for s in r.samples}
+    assert dense.calibration == [] and len(dense.samples) == 2
+    assert len(scsa.calibration) == 1 and len(scsa.samples) == 2 and scsa.metrics["samples"] == 2.0
+    assert scsa.calibration[0]["depth"] == 0.5 and scsa.calibration[0]["key"] not in {s["key"] for s in scsa.samples}
     logs = sorted((ctx.out_dir / "logs").glob("niah-scsa-*.log"))
     assert logs, list((ctx.out_dir / "logs").iterdir())
     lines = [ln for ln in logs[0].read_text().splitlines() if "scsa: decode read" in ln]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,18 +24,31 @@ from llama_sparse.server import free_port
 pytestmark = pytest.mark.slow
 
 
+@dataclass
+class RpcServer:
+    endpoint: str
+    proc: subprocess.Popen
+    log_path: Path
+
+
 @pytest.fixture
-def rpc_server(tmp_path: Path):
+def rpc_process(tmp_path: Path):
     port = free_port()
-    log = open(tmp_path / "rpc-server.log", "wb")
+    log_path = tmp_path / "rpc-server.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen([str(binary("ggml-rpc-server")), "-t", "2", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     time.sleep(1.0)
-    assert proc.poll() is None, (tmp_path / "rpc-server.log").read_text()
-    yield f"127.0.0.1:{port}"
+    assert proc.poll() is None, log_path.read_text()
+    yield RpcServer(f"127.0.0.1:{port}", proc, log_path)
     proc.terminate()
     proc.wait(timeout=15)
     log.close()
+
+
+@pytest.fixture
+def rpc_server(rpc_process: RpcServer) -> str:
+    return rpc_process.endpoint
 
 
 def logits(model: Path, tmp_path: Path, name: str, *flags: str) -> tuple[bytes, str]:
@@ -71,3 +85,38 @@ def test_rpc_protocol_version_bumped_for_the_new_ops(project) -> None:
     assert version(ours) > version(upstream)
     op_count = lambda text: int(re.search(r"GGML_OP_COUNT == (\d+)", text).group(1))  # noqa: E731
     assert op_count(ours) == op_count(upstream) + 3    # SPARSE_ATTN_FILL, SPARSE_ATTN_SELECT, SCSA_ATTN
+
+
+# Each spoiled graph, as a hostile client would send it, and the reason the server gives. Before
+# the checks (measured with the same client): the host pointer crashed the server (SIGSEGV), a
+# fill row past the end aborted it, a block size of 0 killed it with SIGFPE (fill, select, flash
+# attention), and a negative fill row, a NaN coverage and a selection of the wrong shape ran.
+MALFORMED = {
+    "scsa-host-pointer":   "SCSA_ATTN carries a host pointer",
+    "fill-negative-row":   "a row index outside the cache",
+    "fill-row-past-end":   "a row index outside the cache",
+    "fill-block-size-0":   "block_size and kv_size must be positive",
+    "select-coverage-nan": "coverage in (0, 1]",
+    "select-block-size-0": "block_size > 0",
+    "fa-block-size-0":     "block_size must be positive",
+    "fa-selection-shape":  "the block selection's shape does not match",
+}
+
+
+def rpccheck(endpoint: str, case: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary("llama-sparse-rpccheck")), endpoint, case], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_rpc_server_refuses_malformed_sparse_ops_and_stays_up(rpc_process: RpcServer) -> None:
+    first = rpccheck(rpc_process.endpoint, "valid")
+    assert first.returncode == 0 and first.stdout.startswith("ok valid"), first.stdout + first.stderr
+    for case, reason in MALFORMED.items():
+        refused = rpccheck(rpc_process.endpoint, case)
+        assert refused.returncode != 0, f"{case}: the server ran it: {refused.stdout}"
+        assert rpc_process.proc.poll() is None, f"{case}: the server died\n" + rpc_process.log_path.read_text()[-3000:]
+        log = rpc_process.log_path.read_text(errors="replace")
+        assert f"refused graph node" in log and reason in log, f"{case}: no refusal in the log\n{log[-3000:]}"
+        # and it still serves a well-formed graph, with the same result as before
+        again = rpccheck(rpc_process.endpoint, "valid")
+        assert again.returncode == 0 and again.stdout == first.stdout, f"after {case}: {again.stdout}{again.stderr}"

@@ -22,9 +22,10 @@ from llama_sparse.vendor import UPSTREAM_TAG
 
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops", "ggml-rpc-server",
                    "llama-sparse-logits", "llama-sparse-cachecheck", "llama-sparse-scsa-test",
-                   "llama-sparse-scsa-bench")
+                   "llama-sparse-scsa-bench", "llama-sparse-rpccheck")
 # tools that call the patched API, so the unpatched (identity gate) build leaves them out
-PATCHED_ONLY_TARGETS = ("llama-sparse-cachecheck", "llama-sparse-scsa-test", "llama-sparse-scsa-bench")
+PATCHED_ONLY_TARGETS = ("llama-sparse-cachecheck", "llama-sparse-scsa-test", "llama-sparse-scsa-bench",
+                        "llama-sparse-rpccheck")
 
 
 @dataclass

@@ -404,6 +404,39 @@ int main() {
         check(pe.clusters.size() == 8 && finite, "all-equal keys: 8 clusters of at most 128, output the common value");
     }
 
+    // non-finite estimates: one inf key makes its cluster's moment estimate NaN. A NaN is no
+    // estimate at all, so it ranks first (as a NaN block bound does on the block path) and the
+    // stop rule, with nothing to stop on, opens every cluster; the sort never compares a NaN
+    {
+        const std::vector<float> lm = {1.0f, NAN, 3.0f, 2.0f, NAN, 0.5f};
+        stop_rule rule;
+        rule.init(lm.data(), (int32_t) lm.size(), -INFINITY);
+        check(rule.order == std::vector<int32_t>({1, 4, 2, 3, 0, 5}),
+              "NaN estimates rank first (the earlier first), then the others by estimate");
+        bool all = true;
+        for (float tau : {0.001f, 0.05f, 0.5f}) { all = all && rule.open_count(tau) == (int32_t) lm.size(); }
+        check(all, "a NaN estimate: the stop rule opens every cluster, at every tau");
+        check(choose_tau({{0.0f, NAN}, {0.0f, 0.01f}, {0.0f, 0.01f}}, {0.0f, 0.01f}, 0.025f, 0.5f, 0.05f) == 0.0f,
+              "a NaN calibration error is the worst error there is: no tau keeps it, the head runs exact");
+    }
+
+    // inf and NaN keys: the plan still holds every row once, in clusters of at most the cluster
+    // size (the split direction is NaN for a cluster holding an inf key)
+    {
+        std::vector<float> k = x.keys;
+        k[(sink + 5)*D + 3] = INFINITY;
+        k[(sink + 900)*D + 0] = -INFINITY;
+        k[(sink + 1700)*D + 7] = NAN;
+        const plan pi = build_plan(k.data(), x.values.data(), D, sink, n - recent, cfg);
+        std::vector<int64_t> m = pi.members;
+        std::sort(m.begin(), m.end());
+        bool perm = (int64_t) m.size() == n - recent - sink;
+        for (size_t i = 0; perm && i < m.size(); ++i) { perm = m[i] == sink + (int64_t) i; }
+        bool sized = true;
+        for (const auto & c : pi.clusters) { sized = sized && c.count >= 1 && c.count <= cfg.cluster_size; }
+        check(perm && sized, "inf and NaN keys: every row planned once, clusters within the cluster size");
+    }
+
     // q8_0 packing: the same clusters, members packed in q8_0; with every cluster opened the
     // answer is dense attention over the q8_0-rounded keys and values (within their rounding)
     {

@@ -65,8 +65,12 @@ def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample
     """Answer the calibration samples, unscored, each for at least n_predict tokens (the end of
     text ignored) and for an SCSA arm that calibrates at least its whole window. Their records
     are kept for the report. Raises UserError when SCSA's taus are still not frozen after them:
-    scored answers would then start exact and flatter the arm."""
+    scored answers would then start exact and flatter the arm. An arm that does not calibrate
+    (dense, the block path, SCSA with loaded taus) answers none: no state of its server depends
+    on an earlier answer, and at 7K a calibration question costs each such arm a prefill."""
     steps = scsa_calibration_steps(arm)
+    if not steps:
+        return []
     offset = server.log_size()
     records = []
     for s in calibration:
