@@ -9,6 +9,7 @@ error of that arm, with the samples answered so far kept; never a score.
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -61,6 +62,9 @@ def sample_record(s: niah.NiahSample, output: str) -> dict:
             "key": s.key, "expected": list(s.values), "output": output, "score": niah.score(s, output)}
 
 
+CALIBRATION_LOG_POLLS = 100   # 10 s
+
+
 def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample], n_predict: int) -> list[dict]:
     """Answer the calibration samples, unscored, each for at least n_predict tokens (the end of
     text ignored) and for an SCSA arm that calibrates at least its whole window. Their records
@@ -77,9 +81,16 @@ def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample
         out = server.complete(s.prompt, n_predict=max(n_predict, steps + 1), ignore_eos=True).get("content", "")
         records.append(sample_record(s, out))
     if steps and calibration:
-        with open(server.log_path, "rb") as f:
-            f.seek(offset)
-            log = f.read().decode("utf-8", errors="replace")
+        # the server logs a request's SCSA line after it has sent the answer: wait for it a while
+        # (a 4K gate once read the log first and called a calibrated arm uncalibrated)
+        log = ""
+        for _ in range(CALIBRATION_LOG_POLLS):
+            with open(server.log_path, "rb") as f:
+                f.seek(offset)
+                log = f.read().decode("utf-8", errors="replace")
+            if ", taus frozen" in log:
+                break
+            time.sleep(0.1)
         if ", taus frozen" not in log:
             raise UserError(f"arm {arm.name}: SCSA's taus are not frozen after the {len(calibration)} calibration "
                             f"sample(s) ({steps} calibration steps expected); the scored answers would start "
