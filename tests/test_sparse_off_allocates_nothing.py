@@ -33,4 +33,4 @@ def test_off_allocates_nothing_on_allocates_bounds(request, tmp_path: Path, mode
     assert kv_lines(off) and kv_lines(off) == kv_lines(on)        # the K/V cache itself is the same
     assert "sparse-attention key bounds" not in off              # off: no side cache at all
     assert "sparse_attn           =" not in off and "sparse_attn           = on" in on
-    assert re.search(r"sparse-attention key bounds = +[0-9.]+ MiB \(block 64, \d+ blocks\)", on)
+    assert re.search(r"sparse-attention key bounds = +[0-9.]+ MiB \(block 32, \d+ blocks\)", on)   # the default block
