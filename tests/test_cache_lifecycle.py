@@ -29,6 +29,11 @@ SCENARIOS = {"prompt-reuse", "seq-removal", "context-shift", "save-restore", "se
 
 
 def cachecheck(model: Path, tmp_path: Path, *flags: str, prompt_tokens: int = 1000) -> dict:
+    out = cachecheck_run(model, tmp_path, *flags, prompt_tokens=prompt_tokens)
+    return {s["name"]: s for s in out["scenarios"]}
+
+
+def cachecheck_run(model: Path, tmp_path: Path, *flags: str, prompt_tokens: int = 1000) -> dict:
     text = tmp_path / "text.txt"
     if not text.exists():
         text.write_text(reference_text()[:40000])
@@ -38,7 +43,7 @@ def cachecheck(model: Path, tmp_path: Path, *flags: str, prompt_tokens: int = 10
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert {s["name"] for s in out["scenarios"]} == SCENARIOS
-    return {s["name"]: s for s in out["scenarios"]}
+    return out
 
 
 def assert_bounds_exact(run: dict) -> None:
@@ -60,6 +65,24 @@ def test_select_all_equals_dense_through_every_cache_operation(request, tmp_path
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
         assert not dense[name]["checks"]   # off: no bounds to check
     assert_bounds_exact(select_all)
+
+
+# (layers, KV heads, head size) of the fixtures' models
+MODEL_SHAPES = {"smollm2": (30, 3, 64), "tiny_qwen3": (2, 2, 64)}
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm2", "tiny_qwen3"])
+def test_memory_breakdown_counts_the_key_bounds(request, tmp_path: Path, model_fixture: str) -> None:
+    """The key bounds are context memory: llama's memory breakdown (what --fit sizes the context
+    with, and what it prints) must hold them, to the byte."""
+    model = request.getfixturevalue(model_fixture)
+    dense = cachecheck_run(model, tmp_path, "--sparse-attn", "off", prompt_tokens=256)
+    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-block-size", "64", prompt_tokens=256)
+    n_layer, n_head_kv, head = MODEL_SHAPES[model_fixture]
+    n_blocks = -(-sparse["n_ctx"] // 64)
+    bounds = n_layer * n_head_kv * n_blocks * 2 * head * 4   # f32 minimum and maximum per channel
+    assert dense["n_ctx"] == sparse["n_ctx"]
+    assert sparse["context_bytes"] - dense["context_bytes"] == bounds
 
 
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])

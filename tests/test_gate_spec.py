@@ -418,3 +418,29 @@ def test_cli_only_is_repeatable() -> None:
 
     args = make_parser().parse_args(["gate", "gates/x.yaml", "--only", "a", "--only", "b"])
     assert args.only == ["a", "b"]
+
+
+def test_arm_env_reaches_the_server_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llama_sparse.gates.runner import GateContext
+    from llama_sparse.progress import Progress
+    spec = load(write(tmp_path, yaml.safe_dump({**BASE, "arms": [
+        "dense", {"name": "sched", "flags": ["--sparse-attn", "on"], "env": {"GGML_SCHED_MAX_COPIES": 1}}]})))
+    assert spec.arms[0].env == ()
+    assert spec.arms[1].env == (("GGML_SCHED_MAX_COPIES", "1"),)
+    assert spec.arms[1].to_dict()["env"] == {"GGML_SCHED_MAX_COPIES": "1"}
+    ctx = GateContext(spec=spec, out_dir=tmp_path, progress=Progress())
+    monkeypatch.setattr(ctx, "build_info", lambda variant: None)
+    monkeypatch.setattr(ctx, "model_path", lambda name: tmp_path / "m.gguf")
+    assert ctx.server_config(spec.arms[0], "m", 1024, "f16").env == {}
+    assert ctx.server_config(spec.arms[1], "m", 1024, "f16").env == {"GGML_SCHED_MAX_COPIES": "1"}
+
+
+def test_arm_env_problems(tmp_path: Path) -> None:
+    msg = refused(tmp_path, yaml.safe_dump({**BASE, "arms": [
+        "dense",
+        {"name": "a", "env": {"PATH": "/tmp"}},
+        {"name": "b", "env": {"LLAMA_ARG_THREADS": [1, 2]}},
+        {"name": "c", "env": "GGML_X=1"}]}))
+    assert "'PATH' is not a GGML_* or LLAMA_* variable name" in msg
+    assert "LLAMA_ARG_THREADS: the value must be a string or a number, not a list" in msg
+    assert "env: must be a mapping of variable to value, not a string" in msg

@@ -208,6 +208,10 @@ MALFORMED_TAUS = [
     ("", "no opening {"),
     ('{"0:0": 0.05', "expected , or } after the value of \"0:0\""),
     ('{"0-0": 0.05}', "key \"0-0\" is not \"layer:head\""),
+    # 2^32 wraps to 0 through sscanf's %d: the file would set layer 0's tau without a word
+    ('{"4294967296:0": 0.05}', "key \"4294967296:0\" is not \"layer:head\" with two integers in [0, 2147483647]"),
+    ('{"0:2147483648": 0.05}', "key \"0:2147483648\" is not \"layer:head\" with two integers in [0, 2147483647]"),
+    ('{"0:0": 0.05, "1:1": 0.1, "0:0": 0.2}', "key \"0:0\" appears twice"),
     ('{"0:0": "low"}', "the value of \"0:0\" is not a number"),
     ('{"0:0": 1.5}', "tau 1.500000 of \"0:0\" is outside [0, 1)"),
     ('{"0:0": 0.05, "0:0": 0.1}', "key \"0:0\" appears twice"),

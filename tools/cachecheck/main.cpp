@@ -6,7 +6,7 @@
 // each of those operations the way llama-server does, teacher-forced on a fixed text so that two
 // runs see the same tokens, and prints one JSON object:
 //
-//   {"scenarios": [{"name": ..., "steps": ["<fnv64 of the logits bytes>", ...],
+//   {"n_ctx": N, "context_bytes": N, "scenarios": [{"name": ..., "steps": ["<fnv64 of the logits bytes>", ...],
 //                   "argmax": [...], "checks": [{"after": ..., "blocks": N, "loose": N, "short": N}]}]}
 //
 // Two runs compared step by step tell whether the logits are bit-identical (dense against a
@@ -18,6 +18,7 @@
 #include "arg.h"
 #include "common.h"
 #include "llama.h"
+#include "llama-ext.h" // llama_get_memory_breakdown
 
 #include <cinttypes>
 #include <cstdint>
@@ -253,7 +254,13 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
-    printf("{\"scenarios\": [\n");
+    // what the context holds beyond the model (KV cache, key bounds), as llama's memory
+    // breakdown reports it to --fit and to the user
+    size_t context_bytes = 0;
+    for (const auto & [buft, data] : llama_get_memory_breakdown(ctx)) {
+        context_bytes += data.context;
+    }
+    printf("{\"n_ctx\": %u, \"context_bytes\": %zu, \"scenarios\": [\n", llama_n_ctx(ctx), context_bytes);
     for (size_t i = 0; i < out.size(); ++i) {
         printf("  %s%s\n", out[i].c_str(), i + 1 < out.size() ? "," : "");
     }

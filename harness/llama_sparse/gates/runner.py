@@ -64,7 +64,8 @@ class GateContext:
         self.build_info(arm.variant)
         return ServerConfig(model=self.model_path(model), ctx_size=ctx_size, parallel=parallel,
                             threads=self.spec.threads, cache_type_k=cache_type, cache_type_v=cache_type,
-                            seed=self.spec.seed, extra_args=list(arm.flags), variant=arm.variant)
+                            seed=self.spec.seed, extra_args=list(arm.flags), variant=arm.variant,
+                            env=dict(arm.env))
 
     def log_path(self, *parts: object) -> Path:
         return self.out_dir / "logs" / ("-".join(str(p) for p in parts) + ".log")

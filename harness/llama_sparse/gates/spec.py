@@ -108,10 +108,11 @@ class Arm:
     variant: str = "patched"        # which build: patched | upstream
     sparse: bool = False            # uses a sparse method (needs the sparse flags of the build)
     coverage: float | None = None   # block coverage this arm reads (for the bound column), 0<c<=1
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of this arm's server (GGML_*, LLAMA_*)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "flags": list(self.flags), "variant": self.variant,
-                "sparse": self.sparse, "coverage": self.coverage}
+                "sparse": self.sparse, "coverage": self.coverage, "env": dict(self.env)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,7 +389,8 @@ def _positive_item(raw: Any) -> Any:
 
 # --- arms --------------------------------------------------------------------------------------
 
-ARM_KEYS = ("name", "flags", "variant", "sparse", "coverage")
+ARM_KEYS = ("name", "flags", "variant", "sparse", "coverage", "env")
+ENV_NAME_RE = re.compile(r"^(GGML|LLAMA)_[A-Z0-9_]+$")
 
 
 def flag_value(flags: tuple[str, ...], flag: str) -> str | None:
@@ -530,9 +532,23 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
     elif coverage is not None and not (0 < coverage <= 1):
         bad("flags", f"--sparse-attn-coverage {from_flags} is out of range (0 < coverage <= 1)")
 
+    env: list[tuple[str, str]] = []
+    if "env" in raw and raw["env"] is not None:
+        value = raw["env"]
+        if not isinstance(value, dict):
+            bad("env", f"must be a mapping of variable to value, not {_type_name(value)}")
+        else:
+            for key, val in value.items():
+                if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+                    bad("env", f"{key!r} is not a GGML_* or LLAMA_* variable name")
+                elif isinstance(val, bool) or not isinstance(val, (str, int, float)):
+                    bad("env", f"{key}: the value must be a string or a number, not {_type_name(val)}")
+                else:
+                    env.append((key, str(val)))
+
     if len(ck.problems) > before:
         return _INVALID
-    return Arm(name=name, flags=flags, variant=variant, sparse=sparse, coverage=coverage)
+    return Arm(name=name, flags=flags, variant=variant, sparse=sparse, coverage=coverage, env=tuple(env))
 
 
 # --- the gate ----------------------------------------------------------------------------------
