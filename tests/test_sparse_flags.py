@@ -133,3 +133,19 @@ def test_auto_serves_such_a_model_dense(tiny_mamba, start_server) -> None:
     log = server.wait_log("total time")
     assert "sparse_attn = auto (--sparse-attn auto): block-sparse attention cannot serve this model" in log
     assert "decoding dense" in log and "sparse-attention key bounds" not in log
+
+
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_no_fallback_warning_where_the_backend_runs_the_sizes(tiny_qwen3, start_server, cache_type: str) -> None:
+    """At context creation each device holding K is asked whether it runs the selection and the
+    block skip at the full cache size (a CUDA selection stops at 2048 blocks; this is 4096): a
+    device that cannot is named in a warning, since decode would fall back to the CPU and copy
+    the cache every step. The CPU runs every size, so it must start, decode, and say nothing."""
+    from llama_sparse.server import ServerConfig
+
+    server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=131072, cache_type_k=cache_type,
+                                       cache_type_v=cache_type, extra_args=["--sparse-attn", "on", "-lv", "4"]))
+    assert server.complete("hello world", n_predict=4)["tokens_predicted"] == 4
+    log = server.wait_log("decode read")
+    assert "sparse-attention key bounds" in log and "4096 blocks" in log   # the check ran at this size
+    assert "cannot run block-sparse attention" not in log
