@@ -90,6 +90,9 @@ def test_server_killed_mid_load_is_an_arm_error_with_partial_results_kept(tmp_pa
             logs = list((tmp_path / "results").glob("*/logs/load-dense-*.log"))
             text = logs[0].read_text(errors="replace") if logs else ""
             if text.count("total time =") >= 4 + 3:   # 4 alone + 3 under load
+                # the server logs a request's timings before its response reaches the client:
+                # give the clients time to record the answers, so that the kill is under load
+                time.sleep(1.0)
                 for pid in children_named("llama-server"):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
