@@ -6,12 +6,12 @@ libllama needs is defined by the libraries it links (libggml, libggml-base), not
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from llama_sparse.build import toolchain
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +29,10 @@ def dl_build(project) -> Path:
                "GGML_NATIVE": "OFF", "LLAMA_BUILD_TESTS": "OFF", "LLAMA_BUILD_TOOLS": "OFF",
                "LLAMA_BUILD_EXAMPLES": "OFF", "LLAMA_BUILD_SERVER": "OFF", "LLAMA_BUILD_COMMON": "OFF",
                "LLAMA_OPENSSL": "OFF"}
-    if shutil.which("ccache"):
-        defines["CMAKE_C_COMPILER_LAUNCHER"] = defines["CMAKE_CXX_COMPILER_LAUNCHER"] = "ccache"
-    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (out / "Makefile").exists() else []
-    env = {**os.environ, "CCACHE_BASEDIR": str(project.root)}
+    # the project's top-level build forces static libraries, so this one configures the vendor
+    # tree directly, with the same generator and compiler launcher
+    generator, launchers, env = toolchain(project, out)
+    defines.update(launchers)
     subprocess.run(["cmake", "-S", str(project.vendor_dir), "-B", str(out), *generator,
                     *[f"-D{k}={v}" for k, v in defines.items()]], check=True, env=env, capture_output=True)
     proc = subprocess.run(["cmake", "--build", str(out), "-j", "2", "--target", "llama", "ggml-cpu"],

@@ -84,20 +84,29 @@ def build(project: Project, cfg: BuildConfig, log=print) -> Path:
         "LLAMA_SPARSE_CUDA": "ON" if cfg.cuda else "OFF",
         **cfg.extra_defines,
     }
-    if shutil.which("ccache"):
-        defines["CMAKE_C_COMPILER_LAUNCHER"] = defines["CMAKE_CXX_COMPILER_LAUNCHER"] = "ccache"
-        if cfg.cuda:
-            defines["CMAKE_CUDA_COMPILER_LAUNCHER"] = "ccache"
-    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (out / "Makefile").exists() else []
+    generator, launchers, env = toolchain(project, out, cuda=cfg.cuda)
+    defines.update(launchers)
     configure = ["cmake", "-S", str(project.root), "-B", str(out), *generator,
                  *[f"-D{k}={v}" for k, v in defines.items()]]
-    env = {**os.environ, "CCACHE_BASEDIR": str(project.root)}
     log(f"configuring {cfg.variant} build in {out}")
     _run(configure, env, "cmake configure")
     targets = [t for t in cfg.targets if cfg.variant == "patched" or t not in PATCHED_ONLY_TARGETS]
     log(f"building {', '.join(targets)} with {cfg.jobs} jobs")
     _run(["cmake", "--build", str(out), "-j", str(cfg.jobs), "--target", *targets], env, "cmake build")
     return out / "bin"
+
+
+def toolchain(project: Project, out: Path, cuda: bool = False) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """What every build here is configured with: Ninja when present (unless `out` was configured
+    with Makefiles), ccache as the compiler launcher when present, and the environment that lets
+    ccache share hits between build folders. Returns (generator args, defines, environment)."""
+    launchers: dict[str, str] = {}
+    if shutil.which("ccache"):
+        launchers["CMAKE_C_COMPILER_LAUNCHER"] = launchers["CMAKE_CXX_COMPILER_LAUNCHER"] = "ccache"
+        if cuda:
+            launchers["CMAKE_CUDA_COMPILER_LAUNCHER"] = "ccache"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (out / "Makefile").exists() else []
+    return generator, launchers, {**os.environ, "CCACHE_BASEDIR": str(project.root)}
 
 
 def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
