@@ -179,6 +179,15 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": True, "batch": [1, 4]},
      "shared_prefill: the arms answer one prompt at a time"),
     ({"shared_prefill": True}, "shared_prefill: applies to kind niah only"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "samples": 8, "only_samples": [3, 8]},
+     "only_samples: [8] outside the 8 samples (indices 0 to 7)"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "only_samples": [-1]}, "is not a sample index"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "only_samples": [2, 2]}, "is listed twice"),
+    ({"only_samples": [1]}, "only_samples: applies to kind niah only"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "stagger": 2}, "stagger: needs a batch above 1"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": -1}, "stagger: must be seconds"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": "soon"}, "stagger: must be seconds"),
+    ({"stagger": 1}, "stagger: applies to kind niah only"),
     ({"description": ["a"]}, "description: must be a string"),
     ({"name": "Bad Name"}, "is not a valid gate name"),
 ])
@@ -192,6 +201,20 @@ def test_bad_values_are_refused(tmp_path: Path, override: dict, expect: str) -> 
 
 def test_base_of_bad_values_is_valid(tmp_path: Path) -> None:
     assert load(write(tmp_path, yaml.safe_dump(BASE))).kind == "ab"
+
+
+def test_stagger_with_a_batch_loads(tmp_path: Path) -> None:
+    data = {**BASE, "kind": "niah", "thresholds": {}, "batch": [1, 4], "stagger": 1.5}
+    data.pop("repeats")
+    assert load(write(tmp_path, yaml.safe_dump(data))).stagger == 1.5
+
+
+def test_only_samples_are_kept_in_order_given(tmp_path: Path) -> None:
+    data = {**BASE, "kind": "niah", "thresholds": {}, "samples": 24, "only_samples": [21, 12]}
+    data.pop("repeats")
+    spec = load(write(tmp_path, yaml.safe_dump(data)))
+    assert spec.only_samples == (21, 12)
+    assert spec.to_dict()["only_samples"] == [21, 12]
 
 
 def test_arm_flag_problems(tmp_path: Path) -> None:

@@ -247,3 +247,36 @@ arms:
     data = json.loads((ctx.out_dir / "report.json").read_text())
     assert data["results"][1]["calibration"][0]["output"] == scsa.calibration[0]["output"]
     assert (ctx.out_dir / "samples" / "tiny-qwen3-4096-calibration.json").is_file()
+
+
+def test_niah_staggered_requests_arrive_and_end_at_different_times(tmp_path: Path) -> None:
+    """With `stagger`, requests under load arrive one after another while others are decoding
+    and ask for different lengths, so they end at different times; each answer is compared with
+    the same sample answered alone, asked for the same length."""
+    ctx = gate(tmp_path, """
+kind: niah
+models: [tiny-qwen3]
+context_lengths: [1024]
+samples: 4
+batch: [1, 2]
+stagger: 0.05
+tasks: [niah_single_2]
+n_predict: 64
+arms:
+  - dense
+""")
+    alone, load = ctx.report.results
+    assert alone.error is None and load.error is None, (alone.error, load.error)
+    assert [s["index"] for s in load.samples] == [0, 1, 2, 3]
+    assert "lost_under_load" in load.metrics and "same_answer_share" in load.metrics
+    log = next((ctx.out_dir / "logs").glob("niah-dense-*-B2.log")).read_text().splitlines()
+    events = [("start" if "launch_slot_" in ln else "end", ln) for ln in log
+              if "launch_slot_" in ln or "release:" in ln]
+    starts = [i for i, (kind, _) in enumerate(events) if kind == "start"]
+    ends = [i for i, (kind, _) in enumerate(events) if kind == "end"]
+    assert len(starts) == 4 and len(ends) >= 4, events
+    # a request began while another was still running, and one ended before the last began
+    assert starts[1] < ends[0] and ends[0] < starts[-1], events
+    n_decoded = [int(ln.split("/")[-1].split("tokens")[0]) for ln in log
+                 if " eval time =" in ln and "prompt eval time" not in ln]
+    assert len(set(n_decoded)) > 1, n_decoded   # the answers' lengths differ

@@ -131,3 +131,37 @@ def test_prompt_reusing_part_of_the_cache_replans(tiny_qwen3, start_server, tmp_
     assert len(lines) == 2
     rebuilds_second = int(lines[1][6])
     assert rebuilds_second > 0, "the second request built no plan over its new keys"
+
+
+def host_context_mib(log: str) -> float:
+    """The Host row's context column of the memory breakdown llama-server prints at exit."""
+    rows = [ln for ln in log.splitlines() if "memory_breakdown_print" in ln and "- Host" in ln]
+    assert rows, "no memory breakdown in the log"
+    # | - Host | total = model + context + compute |
+    numbers = re.findall(r"\d+", rows[-1].split("- Host")[1])
+    return float(numbers[2])
+
+
+def test_memory_breakdown_counts_the_plans(tiny_qwen3, start_server) -> None:
+    """SCSA's plans are context memory in host RAM (packed keys and values, cluster summaries):
+    the memory breakdown the server prints at exit, which --fit sizes a context with, counts them
+    at the size they can reach, and each request's log line shows what they hold, never more."""
+    text = texts.reference_text()
+    # -v: the breakdown and llama's own lines are logged below the server's default verbosity
+    servers = {
+        "dense": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2, extra_args=["-v"]), "dense"),
+        "scsa": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2,
+                                          extra_args=["-v", "--sparse-attn", "scsa", *SMALL_PLANS]), "scsa"),
+    }
+    prompt = servers["dense"].tokenize(text[:16000])[:3000]
+    for server in servers.values():
+        server.complete(prompt, n_predict=8)
+    log = servers["scsa"].wait_log("scsa: decode read")
+    held = float(re.search(r"; plans ([0-9.]+) MiB", log).group(1))
+    reach = float(re.search(r"up to ([0-9.]+) MiB of host memory at 4096 cells", log).group(1))
+    assert 0 < held <= reach, (held, reach)
+    for server in servers.values():
+        server.stop()
+    dense = host_context_mib(servers["dense"].log_path.read_text(errors="replace"))
+    scsa = host_context_mib(servers["scsa"].log_path.read_text(errors="replace"))
+    assert abs((scsa - dense) - reach) <= 1.0, (dense, scsa, reach)   # the table rounds to whole MiB

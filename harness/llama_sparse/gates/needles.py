@@ -45,7 +45,8 @@ def make_sample_sets(ctx: GateContext, model: str, n_ctx: int, n_predict: int,
         def count(text: str) -> int:
             return len(server.tokenize(text, add_special=True))
 
-        samples = [s for task in spec.tasks for s in niah.generate(task, n_ctx, spec.samples, spec.seed, count)]
+        samples = [s for task in spec.tasks for s in niah.generate(task, n_ctx, spec.samples, spec.seed, count)
+                   if not spec.only_samples or s.index in spec.only_samples]
         calibration = [s for task in spec.tasks if n_calibration
                        for s in niah.generate(task, n_ctx, n_calibration, spec.seed, count, calibration=True)]
     path = ctx.out_dir / "samples" / f"{model}-{n_ctx}.json"
@@ -98,6 +99,13 @@ def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample
     return records
 
 
+def staggered_n_predict(n_predict: int, index: int) -> int:
+    """Tokens asked of sample `index` in a staggered gate: a full, three-quarter, half or quarter
+    answer in turn (at least 8 tokens), so concurrent requests end at different times. The same
+    for the sample alone and under load, so the two answers compare."""
+    return max(8, n_predict * (4 - index % 4) // 4)
+
+
 def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_predict: int,
            samples: list[niah.NiahSample], batch: int = 1,
            calibration: list[niah.NiahSample] | None = None) -> ArmResult:
@@ -112,14 +120,25 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
                 task.update(description=f"niah {arm.name} {model} @{n_ctx} {cache} B{batch}: calibrating")
                 result.calibration = calibrate(server, arm, calibration, n_predict)
                 task.update(description=f"niah {arm.name} {model} @{n_ctx} {cache} B{batch}")
-            def one(s: niah.NiahSample) -> dict:
-                out = server.complete(s.prompt, n_predict=n_predict).get("content", "")
+            stagger = ctx.spec.stagger
+
+            def one(s: niah.NiahSample, delay: float = 0.0) -> dict:
+                time.sleep(delay)
+                n = staggered_n_predict(n_predict, s.index) if stagger else n_predict
+                out = server.complete(s.prompt, n_predict=n).get("content", "")
                 task.advance()
                 return sample_record(s, out)
 
             if batch == 1:
                 for s in samples:
                     result.samples.append(one(s))
+            elif stagger:
+                # every request on its own client, sent `stagger` seconds after the one before:
+                # they arrive while others decode (the server queues what its slots cannot take)
+                # and, with their lengths varied, end at different times
+                with ThreadPoolExecutor(len(samples)) as pool:
+                    for rec in pool.map(one, samples, [i * stagger for i in range(len(samples))]):
+                        result.samples.append(rec)
             else:
                 with ThreadPoolExecutor(batch) as pool:
                     for rec in pool.map(one, samples):

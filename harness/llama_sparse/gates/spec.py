@@ -141,6 +141,10 @@ class GateSpec:
                                                 # SCSA calibrates on answers that retrieve
     shared_prefill: bool = False                # niah only: each prompt prefilled once, by the first
                                                 # arm; every other arm restores that slot and decodes
+    stagger: float = 0.0                        # niah only, batch > 1: seconds between request arrivals
+                                                # (each on its own client), answer lengths varied
+    only_samples: tuple[int, ...] = ()          # niah only: answer just these sample indices (of
+                                                # `samples`, each the same prompt as in the full run)
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -167,7 +171,7 @@ class GateSpec:
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
             "time_limit": self.time_limit, "skip_steps": self.skip_steps,
             "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
-            "seed": self.seed, "threads": self.threads,
+            "only_samples": list(self.only_samples), "stagger": self.stagger, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 
@@ -383,6 +387,10 @@ def _context_item(raw: Any) -> Any:
     return n if n is not None else _Reason("is not a positive number of tokens (an integer, or e.g. '8K')")
 
 
+def _index_item(raw: Any) -> Any:
+    return raw if _is_int(raw) and raw >= 0 else _Reason("is not a sample index (an integer >= 0)")
+
+
 def _positive_item(raw: Any) -> Any:
     return raw if _is_int(raw) and raw > 0 else _Reason("is not a positive integer")
 
@@ -555,11 +563,12 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
 
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
             "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
-            "skip_steps", "calibration_samples", "shared_prefill", "seed", "threads", "thresholds")
+            "skip_steps", "calibration_samples", "shared_prefill", "only_samples", "stagger", "seed", "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
 KIND_ONLY = {"tasks": ("niah", "load"), "repeats": ("ab",), "batch": ("ab", "niah", "load"),
              "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",),
-             "calibration_samples": ("niah",), "shared_prefill": ("niah",)}
+             "calibration_samples": ("niah",), "shared_prefill": ("niah",),
+             "only_samples": ("niah",), "stagger": ("niah",)}
 MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1}
 
 
@@ -663,6 +672,26 @@ def load(path: Path) -> GateSpec:
                                                   "it takes no batch but [1]")
         else:
             values["shared_prefill"] = data["shared_prefill"]
+    if "stagger" in data:
+        t = _as_float(data["stagger"])
+        if t is None or not math.isfinite(t) or t < 0 or t > 600:
+            ck.fail(lines["stagger"], f"stagger: must be seconds between arrivals in [0, 600], not {data['stagger']!r}")
+        elif t > 0 and (not isinstance(values.get("batch"), tuple) or max(values["batch"]) < 2):
+            ck.fail(lines["stagger"], "stagger: needs a batch above 1 (requests under load); "
+                                      "with batch [1] every request is alone")
+        elif t > 0 and data.get("shared_prefill"):
+            ck.fail(lines["stagger"], "stagger: the shared-prefill arms answer one prompt at a time")
+        else:
+            values["stagger"] = t
+    if "only_samples" in data:
+        values["only_samples"] = _unique_list(ck, data, "only_samples", _index_item, "sample indices")
+        n = values.get("samples", 24)
+        if isinstance(values["only_samples"], tuple) and isinstance(n, int):
+            outside = [i for i in values["only_samples"] if i >= n]
+            if outside:
+                values["only_samples"] = ck.fail(
+                    lines["only_samples"], f"only_samples: {outside} outside the {n} samples "
+                                           f"(indices 0 to {n - 1})")
     if "threads" in data:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
     if "n_predict" not in data and kind == "niah":
