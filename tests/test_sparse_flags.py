@@ -83,6 +83,17 @@ def test_help_lists_every_flag() -> None:
     # blocks of 32 rows by default: on prose they lose fewer needles than 64 (docs/needles-in-prose.md)
     block_help = " ".join(text[text.find("--sparse-attn-block-size"):].split("(env:")[0].split())
     assert "a multiple of 32 in [32, 4096] (default: 32)" in block_help, block_help
+    # 0.625 of the blocks by default: the least that kept every needle dense finds in prose
+    coverage_help = " ".join(text[text.find("--sparse-attn-coverage"):].split("(env:")[0].split())
+    assert "in (0, 1] (default: 0.625)" in coverage_help, coverage_help
+
+
+def test_llama_bench_default_coverage_is_the_servers(tiny_qwen3) -> None:
+    proc = subprocess.run([str(binary("llama-bench")), "-m", str(tiny_qwen3), "-p", "0", "-n", "4", "-d", "256",
+                           "-r", "1", "-t", "2", "--sparse-attn", "on"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "block-sparse attention on (block 32, coverage 0.625" in proc.stderr
 
 
 # the edges of every range are accepted, and the model decodes with them
