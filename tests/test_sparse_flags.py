@@ -84,7 +84,7 @@ def test_help_lists_every_flag() -> None:
     block_help = " ".join(text[text.find("--sparse-attn-block-size"):].split("(env:")[0].split())
     assert "a multiple of 32 in [32, 4096] (default: 32)" in block_help, block_help
     # 0.625 of the blocks by default: the least that kept every needle dense finds in prose
-    coverage_help = " ".join(text[text.find("--sparse-attn-coverage"):].split("(env:")[0].split())
+    coverage_help = " ".join(text[text.find("--sparse-attn-coverage F"):].split("(env:")[0].split())
     assert "in (0, 1] (default: 0.625)" in coverage_help, coverage_help
 
 
