@@ -94,6 +94,11 @@ def test_llama_bench_default_coverage_is_the_servers(tiny_qwen3) -> None:
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "block-sparse attention on (block 32, coverage 0.625" in proc.stderr
+    # and its help says the defaults it runs with (it said block 64 after the default became 32)
+    usage = subprocess.run([str(binary("llama-bench")), "--help"], capture_output=True, text=True, timeout=60)
+    lines = {ln.split()[0]: ln for ln in (usage.stdout + usage.stderr).splitlines() if ln.strip().startswith("--sparse-attn")}
+    assert lines["--sparse-attn-block-size"].rstrip().endswith("(default: 32)"), lines["--sparse-attn-block-size"]
+    assert lines["--sparse-attn-coverage"].rstrip().endswith("(default: 0.625)"), lines["--sparse-attn-coverage"]
 
 
 # the edges of every range are accepted, and the model decodes with them

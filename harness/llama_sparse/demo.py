@@ -10,6 +10,7 @@ context length per arm.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,19 +20,27 @@ from llama_sparse.gates.runner import GateContext
 from llama_sparse.gates.spec import Arm, GateSpec
 from llama_sparse.progress import Progress
 
-# the coverage --sparse-attn on reads by default (common.h), for the bound column
-DEFAULT_SPARSE_ARM = Arm(name="sparse-default", flags=("--sparse-attn", "on"), sparse=True, coverage=0.625)
 TASKS = ("niah_multikey_1", "niah_single_1")   # prose with distractors first; the repeat control
 CONTEXTS = (4096, 7936)   # "4K" and "8K": SmolLM2's 8192 window less the 128-token answer and headroom
 
 
-def build_has_sparse() -> bool:
+def server_help() -> str:
     out = subprocess.run([str(binary("llama-server")), "--help"], capture_output=True, text=True, timeout=60)
-    return "--sparse-attn" in out.stdout + out.stderr
+    return out.stdout + out.stderr
 
 
-def spec(model: str, samples: int, repeats: int, with_sparse: bool) -> GateSpec:
-    arms = (Arm(name="dense"),) + ((DEFAULT_SPARSE_ARM,) if with_sparse else ())
+def default_sparse_arm(help_text: str) -> Arm | None:
+    """`--sparse-attn on` as a user types it, with the coverage it reads by default (from the
+    build's own help, for the bound column); None when the build has no sparse method."""
+    if "--sparse-attn" not in help_text:
+        return None
+    found = re.search(r"--sparse-attn-coverage F\s.*?\(default: ([0-9.]+)\)", help_text, re.S)
+    return Arm(name="sparse-default", flags=("--sparse-attn", "on"), sparse=True,
+               coverage=float(found.group(1)) if found else None)
+
+
+def spec(model: str, samples: int, repeats: int, sparse: Arm | None) -> GateSpec:
+    arms = (Arm(name="dense"),) + ((sparse,) if sparse else ())
     return GateSpec(path=Path("<demo>"), name="demo", kind="ab",
                     description="demo: niah and decode A/B on SmolLM2 at 4K and 8K",
                     models=(model,), context_lengths=CONTEXTS, cache_types=("f16",), arms=arms,
@@ -39,8 +48,9 @@ def spec(model: str, samples: int, repeats: int, with_sparse: bool) -> GateSpec:
 
 
 def run(out_root: Path, model: str = "smollm2-135m", samples: int = 4, repeats: int = 5) -> GateContext:
-    with_sparse = build_has_sparse()
-    gate = spec(model, samples, repeats, with_sparse)
+    sparse = default_sparse_arm(server_help())
+    with_sparse = sparse is not None
+    gate = spec(model, samples, repeats, sparse)
     out_dir = reports.run_dir(out_root, "demo")
     with Progress() as p:
         ctx = GateContext(spec=gate, out_dir=out_dir, progress=p)

@@ -685,7 +685,7 @@ def load(path: Path) -> GateSpec:
             values["stagger"] = t
     if "only_samples" in data:
         values["only_samples"] = _unique_list(ck, data, "only_samples", _index_item, "sample indices")
-        n = values.get("samples", 24)
+        n = values.get("samples", GateSpec.samples)
         if isinstance(values["only_samples"], tuple) and isinstance(n, int):
             outside = [i for i in values["only_samples"] if i >= n]
             if outside:
