@@ -169,7 +169,7 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"models": ["gpt-5"]}, "'gpt-5' is not a known model"),
     ({"thresholds": {"min_ratio": -1}}, "min_ratio: -1 is out of range"),
     ({"thresholds": {"min_ratio": "fast"}}, "min_ratio: must be a number"),
-    ({"tasks": ["niah_single_1"]}, "tasks: applies to kind niah or load only"),
+    ({"tasks": ["niah_single_1"]}, "tasks: applies to kind niah or load or frontier only"),
     ({"clients": 8}, "clients: applies to kind load only"),
     ({"time_limit": 60}, "time_limit: applies to kind load only"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "tasks": ["niah_x"]}, "'niah_x' is not a known niah task"),
@@ -178,22 +178,31 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": "yes"}, "shared_prefill: must be true or false"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": True, "batch": [1, 4]},
      "shared_prefill: the arms answer one prompt at a time"),
-    ({"shared_prefill": True}, "shared_prefill: applies to kind niah only"),
+    ({"shared_prefill": True}, "shared_prefill: applies to kind niah or frontier only"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "samples": 8, "only_samples": [3, 8]},
      "only_samples: [8] outside the 8 samples (indices 0 to 7)"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "only_samples": [-1]}, "is not a sample index"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "only_samples": [2, 2]}, "is listed twice"),
-    ({"only_samples": [1]}, "only_samples: applies to kind niah only"),
+    ({"only_samples": [1]}, "only_samples: applies to kind niah or frontier only"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "stagger": 2}, "stagger: needs a batch above 1"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": -1}, "stagger: must be seconds"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": "soon"}, "stagger: must be seconds"),
     ({"stagger": 1}, "stagger: applies to kind niah only"),
+    ({"speed_context": 8192}, "speed_context: applies to kind frontier only"),
+    ({"kind": "frontier", "arms": ["dense", "b"], "thresholds": {}, "speed_context": "fast"},
+     "speed_context: must be a positive token count"),
+    ({"kind": "frontier", "arms": ["dense"], "thresholds": {}}, "arms: kind frontier needs at least 2 arms"),
+    ({"kind": "frontier", "thresholds": {}, "arms": [{"name": "on", "flags": ["--sparse-attn", "on"]}, "dense"]},
+     "its first arm must be dense (no sparse flags), not 'on'"),
+    ({"kind": "frontier", "arms": ["dense", "b"], "thresholds": {}, "repeats": 3},
+     "for kind frontier: two identical dense arms differ"),
+    ({"kind": "frontier", "arms": ["dense", "b"], "thresholds": {"max_lost": 0}}, "'max_lost' unknown for kind frontier"),
     ({"description": ["a"]}, "description: must be a string"),
     ({"name": "Bad Name"}, "is not a valid gate name"),
 ])
 def test_bad_values_are_refused(tmp_path: Path, override: dict, expect: str) -> None:
     data = {**BASE, **override}
-    if data["kind"] != "ab":
+    if data["kind"] not in ("ab", "frontier"):
         data.pop("repeats")
     msg = refused(tmp_path, yaml.safe_dump(data))
     assert expect in msg
@@ -400,7 +409,7 @@ def test_calibration_samples_for_niah(tmp_path: Path) -> None:
         tmp_path, yaml.safe_dump({**niah_gate, "calibration_samples": -1}))
     assert "calibration_samples: must be an integer" in refused(
         tmp_path, yaml.safe_dump({**niah_gate, "calibration_samples": "one"}))
-    assert "calibration_samples: applies to kind niah only" in refused(
+    assert "calibration_samples: applies to kind niah or frontier only" in refused(
         tmp_path, yaml.safe_dump({**BASE, "calibration_samples": 1}))
 
 
@@ -467,3 +476,17 @@ def test_arm_env_problems(tmp_path: Path) -> None:
     assert "'PATH' is not a GGML_* or LLAMA_* variable name" in msg
     assert "LLAMA_ARG_THREADS: the value must be a string or a number, not a list" in msg
     assert "env: must be a mapping of variable to value, not a string" in msg
+
+
+def test_frontier_reads_its_keys(tmp_path: Path) -> None:
+    spec = load(write(tmp_path, yaml.safe_dump({
+        "kind": "frontier", "models": ["smollm2-135m"], "context_lengths": ["4K", 7168],
+        "tasks": ["niah_multikey_1"], "samples": 6, "shared_prefill": True, "calibration_samples": 1,
+        "repeats": 5, "speed_context": "8K",
+        "arms": ["dense", {"name": "b32-0.25", "flags": ["--sparse-attn", "on", "--sparse-attn-coverage", "0.25"],
+                           "coverage": 0.25}]})))
+    assert spec.kind == "frontier" and spec.speed_context == 8192 and spec.context_lengths == (4096, 7168)
+    assert spec.n_predict == 128 and spec.shared_prefill and spec.arms[1].sparse
+    assert load(write(tmp_path, yaml.safe_dump({"kind": "frontier", "models": ["smollm2-135m"],
+                                                "context_lengths": [4096], "arms": ["dense", "b"]}),
+                      name="g2.yaml")).speed_context == 8192

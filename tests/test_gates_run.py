@@ -280,3 +280,38 @@ arms:
     n_decoded = [int(ln.split("/")[-1].split("tokens")[0]) for ln in log
                  if " eval time =" in ln and "prompt eval time" not in ln]
     assert len(set(n_decoded)) > 1, n_decoded   # the answers' lengths differ
+
+
+def test_frontier_gate_puts_each_arm_at_its_needles_and_its_speed(tmp_path: Path) -> None:
+    """One run: the needles of every arm (from dense's prefill), then every arm's speed against
+    dense's at speed_context; one frontier point per arm, the select-all anchor on dense's
+    needles exactly, and the plot drawn."""
+    ctx = gate(tmp_path, """
+kind: frontier
+models: [tiny-qwen3]
+context_lengths: [1024]
+speed_context: 2048
+samples: 2
+tasks: [niah_single_2]
+shared_prefill: true
+n_predict: 8
+repeats: 5
+arms:
+  - dense
+  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
+  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-topk, "2", --sparse-attn-block-size, "32"], coverage: 0.25}
+""")
+    from llama_sparse.gates import frontier
+
+    assert all(r.error is None for r in ctx.report.results), [r.error for r in ctx.report.results]
+    kinds = [(r.arm, r.context, "niah" in r.metrics) for r in ctx.report.results]
+    assert kinds == [("dense", 1024, True), ("anchor", 1024, True), ("top-k", 1024, True),
+                     ("dense", 2048, False), ("anchor", 2048, False), ("top-k", 2048, False)]
+    pts = {p.arm: p for p in frontier.points(ctx.report)}
+    assert all(p.complete and p.total == 2 for p in pts.values())
+    assert pts["dense"].ratio == 1.0 and pts["anchor"].lost == [] and pts["anchor"].found == pts["dense"].found
+    assert pts["top-k"].read_fraction is not None and pts["top-k"].read_fraction < 1.0 and pts["top-k"].bound
+    md = (ctx.out_dir / "report.md").read_text()
+    assert "## Frontier:" in md and "| top-k | tiny-qwen3 | f16 | " in md
+    assert (ctx.out_dir / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert ctx.report.verdict() is True

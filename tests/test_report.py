@@ -279,3 +279,117 @@ def test_an_arm_that_loses_a_needle_dense_found_fails_max_lost_even_with_the_sam
     unjudged = arm("sparse", [False, False, False])
     judge_against_reference(dense, unjudged, max_lost=None)  # counted, not judged
     assert unjudged.passed is True and unjudged.metrics["lost_vs_reference"] == 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# frontier: needles kept against speed, one point per arm
+
+@pytest.fixture
+def frontier_spec(tmp_path: Path):
+    path = tmp_path / "frontier.yaml"
+    path.write_text(yaml.safe_dump({
+        "kind": "frontier", "models": ["smollm2-135m"], "context_lengths": [4096, 7168],
+        "tasks": ["niah_multikey_1"], "repeats": 5,
+        "arms": ["dense", {"name": "b32-0.25", "flags": ["--sparse-attn", "on"], "coverage": 0.25},
+                 {"name": "b32-0.625", "flags": ["--sparse-attn", "on"], "coverage": 0.625}]}))
+    return load(path)
+
+
+def needles_of(arm: str, context: int, found: list[bool]) -> ArmResult:
+    return ArmResult(arm=arm, model="smollm2-135m", context=context, cache_type="f16",
+                     metrics={"niah": sum(found) / len(found)},
+                     samples=[needle_record("niah_multikey_1", i, f) for i, f in enumerate(found)])
+
+
+def frontier_report(spec) -> GateReport:
+    return GateReport(spec=spec, started="s", finished="f", results=[
+        needles_of("dense", 4096, [True, False, True]), needles_of("b32-0.25", 4096, [True, True, False]),
+        needles_of("b32-0.625", 4096, [True, False, True]),
+        needles_of("dense", 7168, [True, False]), needles_of("b32-0.25", 7168, [True, False]),
+        needles_of("b32-0.625", 7168, [True, False]),
+        speed("dense", 8192, 1.0, 9.2), speed("b32-0.25", 8192, 2.7, 24.8), speed("b32-0.625", 8192, 1.4, 12.8)])
+
+
+def test_frontier_points_compare_needle_by_needle_and_take_the_speed_at_its_context(frontier_spec) -> None:
+    from llama_sparse.gates import frontier
+
+    report = frontier_report(frontier_spec)
+    report.results.append(speed("b32-0.25", 4096, 9.9, 99.0))  # another context: not the frontier's
+    pts = {p.arm: p for p in frontier.points(report)}
+    assert [p for p in pts] == ["dense", "b32-0.25", "b32-0.625"]
+    # same count as dense at 4K (2 of 3) but a different needle: one lost, one gained
+    assert (pts["b32-0.25"].found, pts["b32-0.25"].total) == (3, 5)
+    assert pts["b32-0.25"].lost == ["4K niah_multikey_1#2"] and pts["b32-0.25"].gained == ["4K niah_multikey_1#1"]
+    assert pts["b32-0.625"].lost == [] and pts["b32-0.625"].ratio == 1.4
+    assert pts["b32-0.25"].ratio == 2.7 and pts["b32-0.25"].bound == 4.0
+    assert pts["dense"].score == 3 / 5 and all(p.complete for p in pts.values())
+    md = markdown_table(report)
+    assert "## Frontier: needles (niah_multikey_1, 4K, 7K) against decode speed at 8K" in md
+    assert "| b32-0.25 | smollm2-135m | f16 | 3/5 | 4K niah_multikey_1#2 | 4K niah_multikey_1#1 | 24.8 | 2.70x (2.60-2.90)" in md
+    assert "| b32-0.625 | smollm2-135m | f16 | 3/5 | none | - | 12.8 | 1.40x" in md
+    # the needle table lists needles only, not the speed rounds
+    assert "## Needle by needle: smollm2-135m, 4K, f16 (against dense)" in md
+
+
+def test_frontier_errors_are_never_a_point(tmp_path: Path, frontier_spec) -> None:
+    from llama_sparse.gates import frontier
+
+    report = frontier_report(frontier_spec)
+    report.results[2].fail("server died")        # b32-0.625's needles at 4K
+    report.results[-2].fail("timed out")         # b32-0.25's speed
+    pts = {p.arm: p for p in frontier.points(report)}
+    assert not pts["b32-0.625"].complete and pts["b32-0.625"].needle_errors == 1
+    assert not pts["b32-0.25"].complete and pts["b32-0.25"].speed_error
+    md = markdown_table(report)
+    assert "| b32-0.625 | smollm2-135m | f16 | ERROR | none | - | 12.8 | 1.40x" in md
+    assert "| - | ERROR | - | - |" in md    # b32-0.25: no speed, no bound
+    path = plot(report, tmp_path / "frontier.png")    # dense alone is still drawn
+    assert path is not None and path.read_bytes()[:8] == PNG_MAGIC
+    only_dense_speed = GateReport(spec=frontier_spec, started="s", results=[speed("dense", 8192, 1.0, 9.2)])
+    assert plot(only_dense_speed, tmp_path / "none.png") is None
+
+
+def test_frontier_plot_is_drawn(tmp_path: Path, frontier_spec) -> None:
+    path = write(frontier_report(frontier_spec), tmp_path / "run")["png"]
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cost_curve_draws_tokens_per_second_beside_the_ratio(tmp_path: Path, spec,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.figure
+
+    drawn: list = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        drawn.append([ax.get_title() for ax in self.axes])
+        return original(self, *args, **kwargs)
+
+    results = [speed(arm, c, r, t) for c in (2048, 8192) for arm, r, t in (("dense", 1.0, 20.0), ("sparse-25", 2.0, 40.0))]
+    for r in results:
+        r.metrics["tfull_ms"] = 50.0
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    plot(GateReport(spec=spec, started="s", results=results), tmp_path / "curve.png")
+    plot(GateReport(spec=spec, started="s", results=[r for r in results if r.context == 8192]), tmp_path / "one.png")
+    assert drawn[0] == ["decode speed against context", "speed ratio"]
+    assert drawn[1] == ["speed ratio"]   # one context: no curve to draw
+
+
+def test_render_draws_an_earlier_run_again(tmp_path: Path, frontier_spec) -> None:
+    from llama_sparse.errors import UserError
+    from llama_sparse.gates.report import load as load_report
+
+    out = tmp_path / "run"
+    report = frontier_report(frontier_spec)
+    report.notes.append("prose haystack: x")
+    write(report, out)
+    md = (out / "report.md").read_text()
+    (out / "report.md").unlink()
+    (out / "plot.png").unlink()
+    again = load_report(out)
+    assert [r.to_dict() for r in again.results] == [r.to_dict() for r in report.results]
+    assert again.spec == report.spec and again.notes == report.notes
+    write(again, out)
+    assert (out / "report.md").read_text() == md and (out / "plot.png").exists()
+    with pytest.raises(UserError, match="no report.json"):
+        load_report(tmp_path / "nowhere")

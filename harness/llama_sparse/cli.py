@@ -146,6 +146,13 @@ def _cmd_gate(args: argparse.Namespace) -> int:
         for s in specs.discover(project.root / "gates"):
             print(f"{str(s.path.relative_to(project.root)):24} {s.kind:9} {', '.join(a.name for a in s.arms):30} {s.description}")
         return 0
+    if args.render:
+        from llama_sparse.gates import report as reports
+
+        report = reports.load(Path(args.render))
+        for kind, path in reports.write(report, Path(args.render)).items():
+            print(f"{kind}: {path}")
+        return 0
     if not args.file:
         raise UserError("gate needs a FILE (see `llama-sparse gate --list`)")
     ctx = run_gate(specs.load(Path(args.file)), Path(args.out or project.root / "results"), only=args.only)
@@ -204,6 +211,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", metavar="ARM",
                    help="run only this arm and the reference arm (repeatable: several arms)")
     p.add_argument("--out", help="results folder (default: results/)")
+    p.add_argument("--render", metavar="DIR",
+                   help="draw an earlier run's report.md and plot.png again from its report.json")
     p.set_defaults(func=_cmd_gate)
 
     p = sub.add_parser("demo", help="the main job: niah and decode A/B on SmolLM2 at 4K and 8K")

@@ -76,10 +76,11 @@ def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict
 
 
 def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, arms: list[Arm],
-            dense: Arm) -> list[ArmResult]:
-    """One interleaved A/B block; returns one result per arm (errors kept per arm)."""
+            dense: Arm, n_predict: int | None = None) -> list[ArmResult]:
+    """One interleaved A/B block; returns one result per arm (errors kept per arm).
+    `n_predict`: tokens decoded per round (the gate's n_predict when None)."""
     spec = ctx.spec
-    n_predict = spec.n_predict
+    n_predict = n_predict or spec.n_predict
     results = {a.name: ArmResult(a.name, model, n_ctx, cache, batch=batch) for a in arms}
     task = ctx.progress.task(f"ab {model} @{n_ctx} {cache} B{batch}", total=len(arms) * (spec.repeats + 1) + 1)
     with ExitStack() as stack:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llama_sparse.errors import UserError
 from llama_sparse.gates.spec import GateSpec
 
 REPORT_JSON = "report.json"
@@ -214,6 +215,51 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _spec_from_dict(d: dict[str, Any]) -> GateSpec:
+    from dataclasses import fields
+
+    from llama_sparse.gates.spec import Arm
+
+    known = {f.name for f in fields(GateSpec)}
+    values: dict[str, Any] = {}
+    for key, value in d.items():
+        if key not in known:
+            continue  # a key of a later harness: not needed to draw the results
+        if key == "arms":
+            value = tuple(Arm(**{**a, "flags": tuple(a.get("flags", ())),
+                                 "env": tuple(sorted(a.get("env", {}).items()))}) for a in value)
+        elif key == "path":
+            value = Path(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[key] = value
+    return GateSpec(**values)
+
+
+def load(out_dir: Path) -> GateReport:
+    """The report of an earlier run from its report.json (to draw it again with this harness)."""
+    path = Path(out_dir) / REPORT_JSON
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no report.json there (is it a gate's results folder?)") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not a readable report ({e})") from None
+    if d.get("schema") != SCHEMA:
+        raise UserError(f"{path}: report schema {d.get('schema')!r}, this harness reads {SCHEMA}")
+    results = []
+    for r in d["results"]:
+        res = ArmResult(r["arm"], r["model"], r["context"], r["cache_type"], batch=r.get("batch", 1),
+                        metrics=dict(r.get("metrics", {})), samples=list(r.get("samples", [])),
+                        calibration=list(r.get("calibration", [])), error=r.get("error"), passed=r.get("passed"))
+        results.append(res)
+    report = GateReport(spec=_spec_from_dict(d["spec"]), started=d["started"], finished=d.get("finished"),
+                        machine=d.get("machine", {}), builds=d.get("builds", {}), models=d.get("models", {}),
+                        results=results, notes=list(d.get("notes", [])))
+    report.passed = d.get("passed")
+    return report
+
+
 def write(report: GateReport, out_dir: Path) -> dict[str, Path]:
     """Write report.json, report.md and (if there is anything to plot) plot.png; safe to repeat."""
     out_dir = Path(out_dir)
@@ -328,6 +374,9 @@ def markdown_table(report: GateReport) -> str:
             out += ["", f"### {r.arm} / {r.model} / {_k(r.context)} / {r.cache_type} / B={r.batch}",
                     "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
     out += _needle_table(report)
+    if spec.kind == "frontier":
+        from llama_sparse.gates import frontier  # the kind's module imports this one
+        out += frontier.markdown(report)
     calibrated = [r for r in report.results if r.calibration]
     if calibrated:
         out += ["", "## Calibration questions (answered first, not scored)", ""]
@@ -344,11 +393,11 @@ def markdown_table(report: GateReport) -> str:
 def _needle_table(report: GateReport) -> list[str]:
     """niah: every needle of each (model, context, cache) by arm, alone (B=1): `found`, or the
     start of the wrong answer; a needle the first arm found and another lost is marked LOST."""
-    if report.spec.kind != "niah":
+    if report.spec.kind not in ("niah", "frontier"):
         return []
     groups: dict[tuple, list[ArmResult]] = {}
     for r in report.results:
-        if r.error is None and r.batch == 1 and r.samples:
+        if r.error is None and r.batch == 1 and r.samples and "task" in r.samples[0]:
             groups.setdefault((r.model, r.context, r.cache_type), []).append(r)
     out: list[str] = []
     for (model, context, cache), results in groups.items():
@@ -394,11 +443,18 @@ def _finite(v: Any) -> bool:
 
 
 def plot(report: GateReport, path: Path) -> Path | None:
-    """Speed ratio and niah score vs context, one line per arm; None when there is nothing to plot."""
+    """Speed ratio and niah score vs context, one line per arm; None when there is nothing to plot.
+    A frontier gate draws its own plot (needles against speed)."""
+    if report.spec.kind == "frontier":
+        from llama_sparse.gates import frontier  # the kind's module imports this one
+        return frontier.plot(report, path)
     ok = [r for r in report.results if r.error is None]
     ratio = [r for r in ok if _finite(r.metrics.get("ratio_median"))]
     niah = [r for r in ok if _finite(r.metrics.get("niah"))]
-    panels = [p for p in (("ratio", ratio), ("niah", niah)) if p[1]]
+    # a cost curve (speed at several contexts): tokens/s themselves, with the bound of each point
+    tps = [r for r in ok if _finite(r.metrics.get("decode_tps_median"))]
+    tps = tps if len({r.context for r in tps}) > 1 else []
+    panels = [p for p in (("tps", tps), ("ratio", ratio), ("niah", niah)) if p[1]]
     if not panels:
         return None
 
@@ -427,9 +483,22 @@ def plot(report: GateReport, path: Path) -> Path | None:
                 hi = [max(0.0, r.metrics["ratio_max"] - y) if _finite(r.metrics.get("ratio_max")) else 0.0
                       for y, r in zip(ys, points)]
                 ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=label)
+            elif what == "tps":
+                line = ax.plot(xs, [r.metrics["decode_tps_median"] for r in points], marker="o", label=label)[0]
+                # the bound in tokens/s: dense's speed at that depth (its median step time) times
+                # the bound the arm's coverage allows there
+                bounded = [(r.context, 1000.0 / r.metrics["tfull_ms"] * r.metrics["bound"]) for r in points
+                           if _finite(r.metrics.get("bound")) and _finite(r.metrics.get("tfull_ms"))]
+                if bounded:
+                    ax.plot(*zip(*bounded), linestyle=":", marker=".", color=line.get_color(),
+                            label=f"{label}: bound of its coverage")
             else:
                 ax.plot(xs, [r.metrics["niah"] for r in points], marker="o", label=label)
-        if what == "ratio":
+        if what == "tps":
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel("decode tokens/s (median)")
+            ax.set_title("decode speed against context")
+        elif what == "ratio":
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
             ax.set_ylabel("decode speed, sparse / dense (median, min-max)")
             ax.set_title("speed ratio")
@@ -455,7 +524,11 @@ def plot(report: GateReport, path: Path) -> Path | None:
     if n_err:
         title += f"\n{n_err} errored result{'s' if n_err > 1 else ''} not plotted (see report.md)"
     fig.suptitle(title)
+    return save_figure(fig, path)
 
+
+def save_figure(fig, path: Path) -> Path:
+    """The figure as a PNG, replaced atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

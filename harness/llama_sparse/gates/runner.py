@@ -80,9 +80,10 @@ class GateContext:
 
 
 def kind_module(kind: str):
-    from llama_sparse.gates import ab, identity, load, logits, needles
+    from llama_sparse.gates import ab, frontier, identity, load, logits, needles
 
-    modules = {"identity": identity, "logits": logits, "niah": needles, "ab": ab, "load": load}
+    modules = {"identity": identity, "logits": logits, "niah": needles, "ab": ab, "load": load,
+               "frontier": frontier}
     if kind not in modules:
         raise UserError(f"no runner for gate kind '{kind}'")
     return modules[kind]

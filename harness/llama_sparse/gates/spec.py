@@ -4,7 +4,7 @@ A gate file looks like this (every key but `kind`, `models`, `context_lengths` a
 is optional)::
 
     # what the gate checks, in a comment
-    kind: niah                      # identity | niah | logits | ab | load
+    kind: niah                      # identity | niah | logits | ab | load | frontier
     description: the dense path still finds the needle at 7K
     models: [smollm2-135m]          # model names, or paths to .gguf files (relative to this file)
     context_lengths: [7168]         # tokens; "8K" means 8192
@@ -19,7 +19,9 @@ is optional)::
     thresholds: {min_score: 1.0}
 
 For `identity` and `logits` the first arm is the reference the others are compared with
-(`GateSpec.reference`). Everything is checked when the file is loaded: an unknown key, a
+(`GateSpec.reference`). A `frontier` gate takes a niah gate's keys for its needles (at
+`context_lengths`) and measures every arm's decode speed against its first arm, which must be
+dense, at `speed_context` (default 8192, `repeats` rounds). Everything is checked when the file is loaded: an unknown key, a
 value of the wrong type or out of range, a flag the harness sets itself -- each is refused
 with a message that starts with the file (and line) it is in, all problems of a file at once.
 """
@@ -40,7 +42,7 @@ from llama_sparse.errors import UserError
 from llama_sparse.gates import niah
 from llama_sparse.models import MODEL_NAMES as KNOWN_MODELS
 
-KINDS = ("identity", "niah", "logits", "ab", "load")
+KINDS = ("identity", "niah", "logits", "ab", "load", "frontier")
 VARIANTS = ("patched", "upstream")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 NIAH_TASKS = niah.TASKS
@@ -81,6 +83,9 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
     # load passes only with no 5xx, no parse error, no crash, a timing line per request and no
     # needle lost; nothing to tune
     "load": {},
+    # frontier sweeps settings on purpose, lossy ones included: it records where each lands
+    # (needles kept against speed), it does not judge them
+    "frontier": {},
 }
 
 # Flags the harness derives from the gate itself; an arm setting them would fight it.
@@ -119,7 +124,7 @@ class Arm:
 class GateSpec:
     path: Path
     name: str                                   # defaults to the file stem
-    kind: str                                   # identity | niah | logits | ab | load
+    kind: str                                   # identity | niah | logits | ab | load | frontier
     description: str = ""
     models: tuple[str, ...]                     # model names or absolute paths to .gguf files
     context_lengths: tuple[int, ...]            # in tokens
@@ -127,7 +132,8 @@ class GateSpec:
     arms: tuple[Arm, ...]
     samples: int = 24                           # niah samples / identity prompts / logits steps
     tasks: tuple[str, ...] = ("niah_single_1",)  # niah only
-    repeats: int = 5                            # ab only, >= 5
+    repeats: int = 5                            # ab, frontier: >= 5
+    speed_context: int = 8192                   # frontier only: the context its speed is measured at
     n_predict: int = 64                         # tokens decoded per request (niah: 128 by default)
     batch: tuple[int, ...] = (1,)               # ab, niah: concurrent streams / requests per arm (--parallel B);
                                                 # load: the server's slots (one value)
@@ -171,7 +177,7 @@ class GateSpec:
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
             "time_limit": self.time_limit, "skip_steps": self.skip_steps,
             "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
-            "only_samples": list(self.only_samples), "stagger": self.stagger, "seed": self.seed, "threads": self.threads,
+            "only_samples": list(self.only_samples), "stagger": self.stagger, "speed_context": self.speed_context, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 
@@ -563,13 +569,14 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
 
 TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
             "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
-            "skip_steps", "calibration_samples", "shared_prefill", "only_samples", "stagger", "seed", "threads", "thresholds")
+            "skip_steps", "calibration_samples", "shared_prefill", "only_samples", "stagger", "speed_context", "seed",
+            "threads", "thresholds")
 REQUIRED = ("kind", "models", "context_lengths", "arms")
-KIND_ONLY = {"tasks": ("niah", "load"), "repeats": ("ab",), "batch": ("ab", "niah", "load"),
+KIND_ONLY = {"tasks": ("niah", "load", "frontier"), "repeats": ("ab", "frontier"), "batch": ("ab", "niah", "load"),
              "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",),
-             "calibration_samples": ("niah",), "shared_prefill": ("niah",),
-             "only_samples": ("niah",), "stagger": ("niah",)}
-MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1}
+             "calibration_samples": ("niah", "frontier"), "shared_prefill": ("niah", "frontier"),
+             "only_samples": ("niah", "frontier"), "stagger": ("niah",), "speed_context": ("frontier",)}
+MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1, "frontier": 2}
 
 
 def load(path: Path) -> GateSpec:
@@ -646,10 +653,10 @@ def load(path: Path) -> GateSpec:
     if kind == "load" and "batch" in data and isinstance(values.get("batch"), tuple) and len(values["batch"]) != 1:
         ck.fail(lines["batch"], "batch: kind load takes one value, the server's --parallel slots")
     if "repeats" in data:
-        if kind == "ab":
+        if kind in ("ab", "frontier"):
             values["repeats"] = _positive_int(
                 ck, data, "repeats", MIN_AB_REPEATS,
-                reason=f" for kind ab: two identical dense arms differ by up to 10% in decode speed "
+                reason=f" for kind {kind}: two identical dense arms differ by up to 10% in decode speed "
                        f"with 2 repeats, so fewer than {MIN_AB_REPEATS} cannot tell a real change from noise")
         else:
             values["repeats"] = _positive_int(ck, data, "repeats")
@@ -694,8 +701,15 @@ def load(path: Path) -> GateSpec:
                                            f"(indices 0 to {n - 1})")
     if "threads" in data:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
-    if "n_predict" not in data and kind == "niah":
+    if "n_predict" not in data and kind in ("niah", "frontier"):
         values["n_predict"] = 128
+    if "speed_context" in data:
+        n = _context_length(data["speed_context"])
+        if n is None:
+            ck.fail(lines["speed_context"], f"speed_context: must be a positive token count (8192 or \"8K\"), "
+                                            f"not {data['speed_context']!r}")
+        else:
+            values["speed_context"] = n
 
     if "arms" in data:
         raw_arms = data["arms"]
@@ -718,6 +732,9 @@ def load(path: Path) -> GateSpec:
             if kind in MIN_ARMS and len(arms) < MIN_ARMS[kind]:
                 ck.fail(lines["arms"], f"arms: kind {kind} needs at least {MIN_ARMS[kind]} arms "
                                        "(the first is the reference the others are compared with)")
+            elif kind == "frontier" and arms and arms[0] is not _INVALID and arms[0].sparse:
+                ck.fail(lines["arms"], f"arms: kind frontier measures every setting against dense: its first arm "
+                                       f"must be dense (no sparse flags), not '{arms[0].name}'")
             values["arms"] = tuple(arms) if all(a is not _INVALID for a in arms) else _INVALID
 
     if "thresholds" in data:
