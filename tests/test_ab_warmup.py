@@ -2,7 +2,8 @@
 repeats measure the calibrated operator and not its exact first steps."""
 
 from llama_sparse.gates.ab import warmup_tokens
-from llama_sparse.gates.spec import SCSA_CALIB_STEPS, Arm
+from llama_sparse.gates.flags import SCSA_CALIB_STEPS
+from llama_sparse.gates.schema import Arm
 
 
 def test_dense_and_quest_arms_prefill_only() -> None:

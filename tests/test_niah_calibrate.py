@@ -13,6 +13,7 @@ from llama_sparse.errors import UserError
 from llama_sparse.gates import needles
 from llama_sparse.gates.niah import NiahSample
 from llama_sparse.gates.spec import Arm
+from llama_sparse.server import ServerProcess
 
 SAMPLE = NiahSample(task="niah_single_1", index=0, depth=0.5, context_tokens=128, prompt="p", key="k",
                     values=("1234567",), distractor_keys=())
@@ -31,6 +32,10 @@ class StandInServer:
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size
+
+    # the log is read as the real server's is
+    read_log = ServerProcess.read_log
+    wait_log_until = ServerProcess.wait_log_until
 
     def log_tail(self) -> str:
         return self.log_path.read_text()[-500:]
@@ -55,7 +60,7 @@ def test_scsa_line_written_after_the_answer_is_waited_for(tmp_path: Path) -> Non
 
 
 def test_scsa_never_frozen_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(needles, "CALIBRATION_LOG_POLLS", 5)
+    monkeypatch.setattr(needles, "CALIBRATION_LOG_WAIT_S", 0.5)
     server = StandInServer(tmp_path / "scsa.log", None)
     with pytest.raises(UserError, match="taus are not frozen after the 1 calibration"):
         needles.calibrate(server, SCSA, [SAMPLE], 32)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_sparse.errors import UserError
+from llama_sparse.server import ServerError
 from llama_sparse.gates import needles, niah
 from llama_sparse.gates.runner import GateContext
 from llama_sparse.gates.spec import load
@@ -35,7 +35,7 @@ class FakeServer:
 
     def complete(self, prompt: str, n_predict: int = 32, **params) -> dict:
         if self.fail_at is not None and self.answers == self.fail_at:
-            raise UserError(f"llama-server {self.name} exited with code -9 during POST /completion")
+            raise ServerError(f"llama-server {self.name} exited with code -9 during POST /completion")
         self.answers += 1
         return {"content": prompt[-20:], "timings": {"prompt_n": self.prompt_n}}
 
@@ -75,3 +75,25 @@ def test_an_arm_that_evaluates_the_whole_prompt_again_is_an_error(tmp_path, monk
     _, (dense, sparse) = run_shared(tmp_path, monkeypatch, {"dense": (None, 600), "sparse": (None, 600)})
     assert dense.error is None and len(dense.samples) == 3
     assert "the restored prefill was not reused (600 prompt tokens evaluated)" in sparse.error
+
+
+def test_a_gate_that_cannot_run_stops_instead_of_failing_an_arm(tmp_path, monkeypatch) -> None:
+    """No build is not an arm's failure: the UserError stops the gate with its message (a server
+    that dies, above, is an ArmError and only that arm's error)."""
+    from llama_sparse.errors import ArmError, UserError
+
+    def no_build(arm, *a, **k):
+        raise UserError("no patched build found; run `llama-sparse build`")
+
+    gate = tmp_path / "g.yaml"
+    gate.write_text("kind: niah\nmodels: [tiny-qwen3]\ncontext_lengths: [1024]\nsamples: 1\n"
+                    "tasks: [niah_single_2]\narms: [dense]\n")
+    with Progress(plain=True) as progress:
+        ctx = GateContext(load(gate), tmp_path / "out", progress)
+        monkeypatch.setattr(ctx, "server_config", no_build)
+        samples = niah.generate("niah_single_2", 600, 1, 0, lambda t: len(t.split()))
+        with pytest.raises(UserError, match="no patched build found") as raised:
+            needles.answer(ctx, ctx.arms[0], "tiny-qwen3", 1024, "f16", 8, samples)
+        assert not isinstance(raised.value, ArmError)
+        with pytest.raises(UserError, match="no patched build found"):
+            needles.answer_shared(ctx, ctx.arms, "tiny-qwen3", 1024, "f16", 8, samples)

@@ -261,24 +261,36 @@ def test_compare_needles_is_needle_by_needle_not_a_count() -> None:
     assert compare_needles(ref, ref) == ([], [])
 
 
-def test_an_arm_that_loses_a_needle_dense_found_fails_max_lost_even_with_the_same_score() -> None:
-    from llama_sparse.gates.needles import judge_against_reference
+def test_an_arm_that_loses_a_needle_dense_found_fails_max_lost_even_with_the_same_score(tmp_path: Path) -> None:
+    from llama_sparse.gates import needles
+    from llama_sparse.gates.verdict import judge
 
     def arm(name: str, found: list[bool]) -> ArmResult:
-        return ArmResult(arm=name, model="smollm2-135m", context=4096, cache_type="f16", passed=True,
+        return ArmResult(arm=name, model="smollm2-135m", context=4096, cache_type="f16",
                          samples=[needle_record("niah_multikey_1", i, f) for i, f in enumerate(found)])
+
+    def niah_spec(thresholds: dict):
+        path = tmp_path / "n.yaml"
+        path.write_text(yaml.safe_dump({"kind": "niah", "models": ["smollm2-135m"], "context_lengths": [4096],
+                                        "arms": ["dense", {"name": "sparse", "flags": ["--sparse-attn", "on"]}],
+                                        "thresholds": thresholds}))
+        return load(path)
 
     dense = arm("dense", [True, False, True])
     swapped = arm("sparse", [False, True, True])      # 2 of 3 like dense, but not the same needles
-    judge_against_reference(dense, swapped, max_lost=0)
-    assert swapped.passed is False
+    needles.count_against_reference(dense, swapped)
     assert swapped.metrics == {"lost_vs_reference": 1.0, "gained_vs_reference": 1.0}
+    report = GateReport(spec=niah_spec({"max_lost": 0}), started="s", results=[dense, swapped])
+    assert judge(report, needles.KIND) is False and swapped.passed is False and dense.passed is None
     same = arm("sparse", [True, False, True])
-    judge_against_reference(dense, same, max_lost=0)
-    assert same.passed is True
+    needles.count_against_reference(dense, same)
+    report.results[1] = same
+    assert judge(report, needles.KIND) is True and same.passed is True
     unjudged = arm("sparse", [False, False, False])
-    judge_against_reference(dense, unjudged, max_lost=None)  # counted, not judged
-    assert unjudged.passed is True and unjudged.metrics["lost_vs_reference"] == 2.0
+    needles.count_against_reference(dense, unjudged)   # counted, not judged without max_lost
+    report = GateReport(spec=niah_spec({}), started="s", results=[dense, unjudged])
+    assert judge(report, needles.KIND) is True and unjudged.passed is None
+    assert unjudged.metrics["lost_vs_reference"] == 2.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +314,9 @@ def needles_of(arm: str, context: int, found: list[bool]) -> ArmResult:
 
 
 def frontier_report(spec) -> GateReport:
-    return GateReport(spec=spec, started="s", finished="f", results=[
+    from llama_sparse.gates import frontier
+
+    return GateReport(spec=spec, started="s", finished="f", kind=frontier.KIND, results=[
         needles_of("dense", 4096, [True, False, True]), needles_of("b32-0.25", 4096, [True, True, False]),
         needles_of("b32-0.625", 4096, [True, False, True]),
         needles_of("dense", 7168, [True, False]), needles_of("b32-0.25", 7168, [True, False]),
@@ -345,7 +359,8 @@ def test_frontier_errors_are_never_a_point(tmp_path: Path, frontier_spec) -> Non
     assert "| - | ERROR | - | - |" in md    # b32-0.25: no speed, no bound
     path = plot(report, tmp_path / "frontier.png")    # dense alone is still drawn
     assert path is not None and path.read_bytes()[:8] == PNG_MAGIC
-    only_dense_speed = GateReport(spec=frontier_spec, started="s", results=[speed("dense", 8192, 1.0, 9.2)])
+    only_dense_speed = GateReport(spec=frontier_spec, started="s", results=[speed("dense", 8192, 1.0, 9.2)],
+                                  kind=frontier.KIND)
     assert plot(only_dense_speed, tmp_path / "none.png") is None
 
 
@@ -378,6 +393,7 @@ def test_cost_curve_draws_tokens_per_second_beside_the_ratio(tmp_path: Path, spe
 def test_render_draws_an_earlier_run_again(tmp_path: Path, frontier_spec) -> None:
     from llama_sparse.errors import UserError
     from llama_sparse.gates.report import load as load_report
+    from llama_sparse.gates.runner import render
 
     out = tmp_path / "run"
     report = frontier_report(frontier_spec)
@@ -389,7 +405,7 @@ def test_render_draws_an_earlier_run_again(tmp_path: Path, frontier_spec) -> Non
     again = load_report(out)
     assert [r.to_dict() for r in again.results] == [r.to_dict() for r in report.results]
     assert again.spec == report.spec and again.notes == report.notes
-    write(again, out)
-    assert (out / "report.md").read_text() == md and (out / "plot.png").exists()
+    render(out)    # with the kind's own sections and plot
+    assert (out / "report.md").read_text() == md and "## Frontier" in md and (out / "plot.png").exists()
     with pytest.raises(UserError, match="no report.json"):
         load_report(tmp_path / "nowhere")

@@ -14,8 +14,8 @@ import pytest
 
 from llama_sparse.errors import UserError
 from llama_sparse.gitrepo import GitRepo
-from llama_sparse.project import PIN_FILE, Project
-from llama_sparse.vendor import UPSTREAM_TAG, download_sdist, vendor
+from llama_sparse.project import PIN_FILE, UPSTREAM_TAG, Project
+from llama_sparse.vendor import download_sdist, vendor
 
 UPSTREAM = "0123456789abcdef0123456789abcdef01234567"
 

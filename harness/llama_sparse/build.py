@@ -17,8 +17,7 @@ from pathlib import Path
 
 from llama_sparse.errors import UserError
 from llama_sparse.gitrepo import GitRepo
-from llama_sparse.project import Project
-from llama_sparse.vendor import UPSTREAM_TAG
+from llama_sparse.project import UPSTREAM_TAG, Project
 
 DEFAULT_TARGETS = ("llama-server", "llama-cli", "llama-bench", "test-backend-ops", "ggml-rpc-server",
                    "llama-sparse-logits", "llama-sparse-cachecheck", "llama-sparse-scsa-test",

@@ -147,10 +147,9 @@ def _cmd_gate(args: argparse.Namespace) -> int:
             print(f"{str(s.path.relative_to(project.root)):24} {s.kind:9} {', '.join(a.name for a in s.arms):30} {s.description}")
         return 0
     if args.render:
-        from llama_sparse.gates import report as reports
+        from llama_sparse.gates.runner import render
 
-        report = reports.load(Path(args.render))
-        for kind, path in reports.write(report, Path(args.render)).items():
+        for kind, path in render(Path(args.render)).items():
             print(f"{kind}: {path}")
         return 0
     if not args.file:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from llama_sparse.binaries import binary
 from llama_sparse.gates import ab, needles, report as reports
-from llama_sparse.gates.runner import GateContext
-from llama_sparse.gates.spec import Arm, GateSpec
+from llama_sparse.gates.context import GateContext
+from llama_sparse.gates.schema import Arm, GateSpec
 from llama_sparse.progress import Progress
 
 TASKS = ("niah_multikey_1", "niah_single_1")   # prose with distractors first; the repeat control
@@ -53,7 +53,7 @@ def run(out_root: Path, model: str = "smollm2-135m", samples: int = 4, repeats: 
     gate = spec(model, samples, repeats, sparse)
     out_dir = reports.run_dir(out_root, "demo")
     with Progress() as p:
-        ctx = GateContext(spec=gate, out_dir=out_dir, progress=p)
+        ctx = GateContext(spec=gate, out_dir=out_dir, progress=p, kind=ab.KIND)
         if not with_sparse:
             note = "this build has no sparse method yet (no --sparse-attn flag): only the dense arm runs"
             ctx.report.notes.append(note)
@@ -78,5 +78,5 @@ def run(out_root: Path, model: str = "smollm2-135m", samples: int = 4, repeats: 
                               + (f", {m['ratio_median']:.2f}x dense" if arm.sparse else ""))
         finally:
             ctx.report.finished = reports.now()
-            ctx.save()
+            ctx.save(final=True)
     return ctx

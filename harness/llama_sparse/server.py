@@ -13,16 +13,20 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import requests
 
 from llama_sparse import timings
 from llama_sparse.binaries import binary
-from llama_sparse.errors import UserError
+from llama_sparse.errors import ArmError
 
 
-class ServerError(UserError):
+T = TypeVar("T")
+
+
+class ServerError(ArmError):
     """The server died, never came up, or failed a request; carries its log tail."""
 
 
@@ -165,21 +169,37 @@ class ServerProcess:
         except OSError:
             return 0
 
-    def wait_log(self, text: str, count: int = 1, timeout: float = 10) -> str:
-        """The whole log once it holds `text` at least `count` times. The server's log lines reach
-        the file from a thread of their own, so a request's last lines can land after its response."""
+    def read_log(self, offset: int = 0) -> str:
+        """The log from byte `offset` on ('' before the server wrote any)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def wait_log_until(self, found: Callable[[str], T | None], offset: int = 0, timeout: float = 10,
+                       what: str = "the expected line", required: bool = True) -> T | None:
+        """The first value other than None that `found` gives for the log from byte `offset` on,
+        read again until it does or `timeout` seconds pass. Every read of a request's log lines
+        after its response goes through here: the server writes its log from a thread of its own,
+        so a request's last lines (timings, the sparse and SCSA lines) can land after the response.
+        At the timeout: ServerError naming `what`, or None when the line is not `required`."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                log = self.log_path.read_text(errors="replace")
-            except OSError:
-                log = ""
-            if log.count(text) >= count:
-                return log
+            value = found(self.read_log(offset))
+            if value is not None:
+                return value
             if time.monotonic() > deadline:
-                raise ServerError(f"'{text}' did not reach the server log {count} time(s) in {timeout:g} s\n"
-                                  + self.log_tail())
+                if not required:
+                    return None
+                raise ServerError(f"{what} did not reach the server log in {timeout:g} s\n" + self.log_tail())
             time.sleep(0.05)
+
+    def wait_log(self, text: str, count: int = 1, timeout: float = 10) -> str:
+        """The whole log once it holds `text` at least `count` times."""
+        return self.wait_log_until(lambda log: log if log.count(text) >= count else None, timeout=timeout,
+                                   what=f"'{text}' ({count} time(s))")
 
     # -- requests -------------------------------------------------------------------
     def request(self, method: str, path: str, timeout: float = 3600, **kw: Any) -> Any:
@@ -226,11 +246,6 @@ class ServerProcess:
         """A completion and its timing block from the server log (single request at a time)."""
         offset = self.log_size()
         result = self.complete(prompt, n_predict, **params)
-        deadline = time.monotonic() + 10
-        while True:  # the timing lines are written just after the response is sent
-            found = timings.parse_file(self.log_path, offset)
-            if found:
-                return result, found[-1]
-            if time.monotonic() > deadline:
-                raise ServerError("no timing lines in the server log for the last request\n" + self.log_tail())
-            time.sleep(0.05)
+        timing = self.wait_log_until(lambda log: (timings.parse(log) or [None])[-1], offset,
+                                     what="the last request's timing lines")
+        return result, timing

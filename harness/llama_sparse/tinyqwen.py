@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from llama_sparse.errors import UserError
+from llama_sparse.project import Project, models_dir
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,6 @@ class TinyQwen3Shape:
 
 def _gguf_module():
     """The pinned tree's gguf-py if it is vendored, else the installed `gguf` package."""
-    from llama_sparse.project import Project
-
     try:
         vendored = Project.find().vendor_dir / "gguf-py"
     except UserError:
@@ -160,8 +159,6 @@ def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
 
 def write_cached(shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     """The model for `shape` in the models cache, written once (atomically)."""
-    from llama_sparse.models import models_dir
-
     out = models_dir() / f"tiny-qwen3-{shape.tag}.gguf"
     if out.is_file():
         return out

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from llama_sparse.errors import UserError
 from llama_sparse.gitrepo import GitRepo
-from llama_sparse.project import Pin, Project, cache_dir
+from llama_sparse.patches import unexported_commits
+from llama_sparse.project import UPSTREAM_TAG, Pin, Project, cache_dir
 
-UPSTREAM_TAG = "upstream"
 
 
 def sha256_file(path: Path) -> str:
@@ -83,8 +83,6 @@ def extract_subdir(sdist: Path, subdir: str, dest: Path) -> int:
 
 def existing_tree_problem(project: Project, pin: Pin) -> str | None:
     """Why an existing vendor tree must not be touched, or None if it is the right one."""
-    from llama_sparse.patches import unexported_commits  # patches imports vendor
-
     repo = GitRepo(project.vendor_dir)
     if not repo.is_repo():
         return (f"{project.vendor_dir} exists but is not a git repo made by `llama-sparse vendor`;"

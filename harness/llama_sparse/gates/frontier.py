@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llama_sparse.gates import ab, needles
-from llama_sparse.gates.report import ArmResult, GateReport
-from llama_sparse.gates.runner import GateContext
+from llama_sparse.gates.context import GateContext
+from llama_sparse.gates.report import ArmResult, GateReport, compare_needles, save_figure
+from llama_sparse.gates.schema import Kind
 
 SPEED_N_PREDICT = 64  # tokens per timed round of the speed part (the ab gates' default)
 
@@ -78,7 +79,7 @@ def points(report: GateReport) -> list[FrontierPoint]:
         ref = next((x for x in needle_results if x.arm == reference and x.model == r.model
                     and x.context == r.context and x.cache_type == r.cache_type and x.error is None), None)
         if ref is not None and r.arm != reference:
-            lost, gained = needles.compare_needles(ref.samples, r.samples)
+            lost, gained = compare_needles(ref.samples, r.samples)
             p.lost += [f"{r.context // 1024}K {n}" if r.context % 1024 == 0 else f"{r.context} {n}" for n in lost]
             p.gained += [f"{r.context // 1024}K {n}" if r.context % 1024 == 0 else f"{r.context} {n}" for n in gained]
     for r in report.results:
@@ -135,8 +136,6 @@ def plot(report: GateReport, path: Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
-
-    from llama_sparse.gates.report import save_figure
 
     panels: dict[tuple[str, str], list[FrontierPoint]] = {}
     for p in pts:
@@ -196,5 +195,10 @@ def run(ctx: GateContext) -> None:
         if p.complete:
             ctx.progress.log(f"  frontier {p.arm} {p.cache_type}: {p.found}/{p.total} needles "
                              f"(lost {len(p.lost)}), {p.ratio:.2f}x dense")
-    # nothing is judged; the run passes when every part of every arm was measured
-    ctx.report.passed = all(r.error is None for r in ctx.report.results)
+
+
+# Nothing is judged (it sweeps lossy settings on purpose and records where each lands); the run
+# passes when every part of every arm was measured.
+KIND = Kind("frontier", run, help="needles kept against decode speed, one point per setting",
+            keys=("tasks", "repeats", "calibration_samples", "shared_prefill", "only_samples", "speed_context"),
+            min_arms=2, min_repeats=5, n_predict=128, first_arm_dense=True, markdown=markdown, plot=plot)

@@ -8,10 +8,11 @@ one token per step), tokens from greedy completions on llama-server. One differi
 
 from __future__ import annotations
 
-from llama_sparse.errors import UserError
+from llama_sparse.errors import ArmError
 from llama_sparse.gates import logitsdump, texts
+from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.report import ArmResult
-from llama_sparse.gates.runner import GateContext
+from llama_sparse.gates.schema import Kind, Threshold
 from llama_sparse.server import ServerProcess
 
 
@@ -19,7 +20,6 @@ def run(ctx: GateContext) -> None:
     spec = ctx.spec
     ref, others = spec.reference, [a for a in ctx.arms if a is not spec.reference]
     text = texts.reference_text()
-    allowed = int(spec.thresholds.get("max_diff_prompts", 0))
     for model in spec.models:
         for n_ctx in spec.context_lengths:
             for cache in spec.cache_types:
@@ -53,7 +53,7 @@ def run(ctx: GateContext) -> None:
                                                 n_predict=spec.n_predict, return_tokens=True,
                                                 ignore_eos=True, cache_prompt=False)["tokens"]
                                 for pf, d in zip(prompt_files, dumps[arm.name])]
-                    except UserError as e:
+                    except ArmError as e:
                         errors[arm.name] = str(e)
                 for arm in others:
                     result = ArmResult(arm=arm.name, model=model, context=n_ctx, cache_type=cache)
@@ -77,8 +77,12 @@ def run(ctx: GateContext) -> None:
                         })
                     result.metrics = {"prompts": float(spec.samples), "diff_prompts": float(diff_prompts),
                                       "diff_steps": float(diff_steps)}
-                    result.passed = diff_prompts <= allowed
                     ctx.record(result)
                     ctx.progress.log(f"  {arm.name} vs {ref.name}: {model} @{n_ctx} {cache}: "
                                      f"{spec.samples - diff_prompts}/{spec.samples} prompts bit-identical")
-    ctx.report.passed = bool(ctx.report.results) and all(r.passed for r in ctx.report.results)
+
+
+KIND = Kind(
+    "identity", run, help="every arm gives the reference arm's tokens and logits bit for bit", min_arms=2,
+    thresholds={"max_diff_prompts": Threshold("prompts whose output differs from the reference arm", "diff_prompts",
+                                              "max", 0, integer=True, default=0)})

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from llama_sparse.errors import UserError
+from llama_sparse.errors import ArmError
 from llama_sparse.gates import logitsdump, texts
+from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.report import ArmResult
-from llama_sparse.gates.runner import GateContext
-
-CHECKS = {  # threshold name -> (metric, passes(value, limit))
-    "max_kl_mean": ("kl_mean", lambda v, t: v <= t),
-    "max_kl_max": ("kl_max", lambda v, t: v <= t),
-    "min_top1": ("top1", lambda v, t: v >= t),
-    "max_diff_steps": ("diff_steps", lambda v, t: v <= t),
-}
+from llama_sparse.gates.schema import Kind, Threshold
 
 
 def run(ctx: GateContext) -> None:
@@ -49,7 +43,7 @@ def run(ctx: GateContext) -> None:
 
                 try:
                     reference = dump(ref)
-                except UserError as e:
+                except ArmError as e:
                     for arm in ctx.arms:
                         ctx.record(ArmResult(arm.name, model, n_ctx, cache).fail(f"reference arm {ref.name}: {e}"))
                     continue
@@ -61,7 +55,7 @@ def run(ctx: GateContext) -> None:
                     result = ArmResult(arm.name, model, n_ctx, cache)
                     try:
                         other = dump(arm, force=stream)
-                    except UserError as e:
+                    except ArmError as e:
                         ctx.record(result.fail(str(e)))
                         continue
                     m = logitsdump.compare(reference, other, spec.skip_steps)
@@ -69,9 +63,18 @@ def run(ctx: GateContext) -> None:
                     result.samples = [{"step": i, "ref_top1": int(reference.logits[i].argmax()),
                                        "arm_top1": int(other.logits[i].argmax())}
                                       for i in range(spec.skip_steps, spec.skip_steps + int(m["steps"]))]
-                    result.passed = all(check(m[metric], spec.thresholds[name])
-                                        for name, (metric, check) in CHECKS.items() if name in spec.thresholds)
                     ctx.record(result)
                     ctx.progress.log(f"  {arm.name}: top-1 {m['top1']:.1%}, KL mean {m['kl_mean']:.2e} "
                                      f"max {m['kl_max']:.2e}, {m['diff_steps']} of {m['steps']} steps differ")
-    ctx.report.passed = bool(ctx.report.results) and all(r.passed for r in ctx.report.results)
+
+
+KIND = Kind(
+    "logits", run, help="teacher-forced agreement of each arm with the reference arm", keys=("skip_steps",),
+    min_arms=2,
+    thresholds={
+        "max_kl_mean": Threshold("mean KL divergence from the reference arm, per step", "kl_mean", "max", 0),
+        "max_kl_max": Threshold("largest KL divergence from the reference arm at any step", "kl_max", "max", 0),
+        "min_top1": Threshold("fraction of steps whose top-1 token matches the reference", "top1", "min", 0, 1),
+        "max_diff_steps": Threshold("steps whose logits differ from the reference at all", "diff_steps", "max",
+                                    0, integer=True),
+    })

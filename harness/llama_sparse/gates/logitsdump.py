@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from llama_sparse.binaries import binary
-from llama_sparse.errors import UserError
+from llama_sparse.errors import ArmError
 
 MAGIC = 0x474C534C
 
@@ -26,7 +26,7 @@ def read(path: Path) -> LogitsDump:
     data = path.read_bytes()
     header = np.frombuffer(data, dtype=np.int32, count=5)
     if header[0] != MAGIC or header[1] != 1:
-        raise UserError(f"{path} is not a llama-sparse-logits dump")
+        raise ArmError(f"{path} is not a llama-sparse-logits dump")
     n_vocab, n_prompt, rows = (int(x) for x in header[2:5])
     body = data[20:]
     rec = np.dtype([("token", np.int32), ("logits", np.float32, (n_vocab,))])
@@ -68,7 +68,7 @@ def run(req: DumpRequest, log_path: Path, timeout: float = 3600) -> LogitsDump:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-        raise UserError(f"llama-sparse-logits exited with code {proc.returncode}\n--- {log_path} ---\n{tail}")
+        raise ArmError(f"llama-sparse-logits exited with code {proc.returncode}\n--- {log_path} ---\n{tail}")
     return read(req.out)
 
 

@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict
 
-from llama_sparse.errors import UserError
+from llama_sparse.errors import ArmError
 from llama_sparse.gates import niah
-from llama_sparse.gates.report import ArmResult
-from llama_sparse.gates.runner import GateContext
-from llama_sparse.gates.spec import Arm, scsa_calibration_steps
+from llama_sparse.gates.context import GateContext
+from llama_sparse.gates.flags import scsa_calibration_steps
+from llama_sparse.gates.report import ArmResult, compare_needles
+from llama_sparse.gates.schema import Arm, Kind, Threshold
 from llama_sparse.server import ServerProcess
 
 HEADROOM = 64  # context beyond prompt + answer, so a prompt at the 2% upper edge still fits
@@ -63,13 +64,13 @@ def sample_record(s: niah.NiahSample, output: str) -> dict:
             "key": s.key, "expected": list(s.values), "output": output, "score": niah.score(s, output)}
 
 
-CALIBRATION_LOG_POLLS = 100   # 10 s
+CALIBRATION_LOG_WAIT_S = 10.0
 
 
 def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample], n_predict: int) -> list[dict]:
     """Answer the calibration samples, unscored, each for at least n_predict tokens (the end of
     text ignored) and for an SCSA arm that calibrates at least its whole window. Their records
-    are kept for the report. Raises UserError when SCSA's taus are still not frozen after them:
+    are kept for the report. Raises ArmError when SCSA's taus are still not frozen after them:
     scored answers would then start exact and flatter the arm. An arm that does not calibrate
     (dense, the block path, SCSA with loaded taus) answers none: no state of its server depends
     on an earlier answer, and at 7K a calibration question costs each such arm a prefill."""
@@ -82,18 +83,12 @@ def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample
         out = server.complete(s.prompt, n_predict=max(n_predict, steps + 1), ignore_eos=True).get("content", "")
         records.append(sample_record(s, out))
     if steps and calibration:
-        # the server logs a request's SCSA line after it has sent the answer: wait for it a while
-        # (a 4K gate once read the log first and called a calibrated arm uncalibrated)
-        log = ""
-        for _ in range(CALIBRATION_LOG_POLLS):
-            with open(server.log_path, "rb") as f:
-                f.seek(offset)
-                log = f.read().decode("utf-8", errors="replace")
-            if ", taus frozen" in log:
-                break
-            time.sleep(0.1)
-        if ", taus frozen" not in log:
-            raise UserError(f"arm {arm.name}: SCSA's taus are not frozen after the {len(calibration)} calibration "
+        # the server logs a request's SCSA line after it has sent the answer (a 4K gate once read
+        # the log first and called a calibrated arm uncalibrated)
+        frozen = server.wait_log_until(lambda log: True if ", taus frozen" in log else None, offset,
+                                       timeout=CALIBRATION_LOG_WAIT_S, required=False)
+        if not frozen:
+            raise ArmError(f"arm {arm.name}: SCSA's taus are not frozen after the {len(calibration)} calibration "
                             f"sample(s) ({steps} calibration steps expected); the scored answers would start "
                             "exact\n" + server.log_tail())
     return records
@@ -143,7 +138,7 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
                 with ThreadPoolExecutor(batch) as pool:
                     for rec in pool.map(one, samples):
                         result.samples.append(rec)
-    except UserError as e:
+    except ArmError as e:
         return result.fail(f"{e}\n{kept(result, samples)}")
     scored(result)
     return result
@@ -180,7 +175,7 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                 if calibration:
                     result.calibration = calibrate(server, arm, calibration, n_predict)
                 servers.append(server)
-            except UserError as e:
+            except ArmError as e:
                 result.fail(str(e))
                 servers.append(None)
         for s in samples:
@@ -194,10 +189,10 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                     if i == 0:
                         server.request("POST", "/slots/0?action=save", json={"filename": SLOT_FILE})
                     elif resp.get("timings", {}).get("prompt_n", 0) > MAX_REUSED_TAIL:
-                        raise UserError(f"arm {arm.name}: the restored prefill was not reused "
+                        raise ArmError(f"arm {arm.name}: the restored prefill was not reused "
                                         f"({resp['timings']['prompt_n']} prompt tokens evaluated)")
                     result.samples.append(sample_record(s, resp.get("content", "")))
-                except UserError as e:
+                except ArmError as e:
                     result.fail(f"{e}\n{kept(result, samples)}")
             task.advance()
             ctx.save()
@@ -226,34 +221,17 @@ def scored(result: ArmResult) -> None:
     result.metrics["samples"] = float(len(scores))
 
 
-def needle_id(record: dict) -> str:
-    return f"{record['task']}#{record['index']}"
-
-
-def compare_needles(reference: list[dict], other: list[dict]) -> tuple[list[str], list[str]]:
-    """Needle by needle: (the needles the reference found and `other` did not, the reverse)."""
-    ref = {needle_id(x): x["score"] == 1.0 for x in reference}
-    got = {needle_id(x): x["score"] == 1.0 for x in other}
-    lost = [k for k, found in ref.items() if found and got.get(k) is False]
-    gained = [k for k, found in got.items() if found and ref.get(k) is False]
-    return lost, gained
-
-
-def judge_against_reference(reference: ArmResult, result: ArmResult, max_lost: float | None) -> None:
-    """Counts the needles `result` lost and gained against the reference arm, needle by needle;
-    with `max_lost`, losing more fails the result (whatever its score)."""
+def count_against_reference(reference: ArmResult, result: ArmResult) -> None:
+    """The needles `result` lost and gained against the reference arm, needle by needle (the
+    `max_lost` threshold bounds the first, whatever the score)."""
     lost, gained = compare_needles(reference.samples, result.samples)
     result.metrics["lost_vs_reference"] = float(len(lost))
     result.metrics["gained_vs_reference"] = float(len(gained))
-    if max_lost is not None:
-        result.passed = (result.passed is not False) and len(lost) <= max_lost
 
 
 def run(ctx: GateContext) -> None:
     spec = ctx.spec
     n_predict = spec.n_predict
-    minimum = spec.thresholds.get("min_score")
-    max_lost = spec.thresholds.get("max_lost")
     if any(niah.task_spec(t).haystack == "essay" for t in spec.tasks):
         source = niah.prose_source()
         ctx.report.notes.append(f"prose haystack: {source['source']}, Python {source['python']}, "
@@ -271,13 +249,12 @@ def run(ctx: GateContext) -> None:
                         r = next(shared) if spec.shared_prefill else \
                             answer(ctx, arm, model, n_ctx, cache, n_predict, samples, batch, calibration)
                         if r.error is None:
-                            r.passed = None if minimum is None else r.metrics["niah"] >= minimum
                             if batch == 1:
                                 alone = r
                                 if arm.name == spec.reference.name:
                                     reference = r
                                 elif reference is not None:
-                                    judge_against_reference(reference, r, max_lost)
+                                    count_against_reference(reference, r)
                             elif alone is not None:
                                 # the bar under load: every needle found alone is found again
                                 found_alone = {x["index"] for x in alone.samples if x["score"] == 1.0}
@@ -286,7 +263,6 @@ def run(ctx: GateContext) -> None:
                                 same = sum(a["output"] == b["output"] for a, b in zip(alone.samples, r.samples))
                                 r.metrics["lost_under_load"] = float(len(lost))
                                 r.metrics["same_answer_share"] = same / len(r.samples)
-                                r.passed = (r.passed is not False) and not lost
                             found = sum(1 for x in r.samples if x["score"] == 1.0)
                             ctx.progress.log(f"  {arm.name} {model} @{n_ctx} {cache} B{batch}: niah "
                                              f"{r.metrics['niah']:.1%} ({found}/{len(r.samples)} found)")
@@ -294,4 +270,16 @@ def run(ctx: GateContext) -> None:
                             ctx.save()  # answer_shared recorded it
                         else:
                             ctx.record(r)
-    ctx.report.passed = bool(ctx.report.results) and all(r.passed is not False for r in ctx.report.results)
+
+
+NIAH_KEYS = ("tasks", "batch", "calibration_samples", "shared_prefill", "only_samples", "stagger")
+NIAH_THRESHOLDS = {
+    "min_score": Threshold("fraction of needles found, per arm and context", "niah", "min", 0, 1),
+    "max_lost": Threshold("needles the reference arm found that another arm did not (alone, same "
+                          "model, context and cache)", "lost_vs_reference", "max", 0, integer=True),
+    # the bar under load, not a setting: every needle found alone is found again
+    "max_lost_under_load": Threshold("needles an arm found alone and lost under load (batch > 1)",
+                                     "lost_under_load", "max", 0, integer=True, default=0, settable=False),
+}
+KIND = Kind("niah", run, help="RULER needle retrieval per arm, context and KV type", keys=NIAH_KEYS,
+            thresholds=NIAH_THRESHOLDS, n_predict=128)

@@ -16,12 +16,12 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from llama_sparse.errors import UserError
-from llama_sparse.gates.spec import GateSpec
+from llama_sparse.gates.schema import Arm, GateSpec, Kind
 
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -72,6 +72,7 @@ class GateReport:
     results: list[ArmResult] = field(default_factory=list)
     passed: bool | None = None
     notes: list[str] = field(default_factory=list)
+    kind: Kind | None = None      # how its kind extends the common report (not written to report.json)
 
     def verdict(self) -> bool | None:
         """`passed`, except that an errored or failed result always makes the gate fail."""
@@ -199,11 +200,13 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _replace_atomically(path: Path, write) -> None:
+    """`write(file)` into a temporary file beside `path`, then put it in place of `path`: a
+    reader sees the old file or the new one, never half of one."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -215,11 +218,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _write_atomic(path: Path, data: bytes) -> None:
+    _replace_atomically(path, lambda f: f.write(data))
+
+
 def _spec_from_dict(d: dict[str, Any]) -> GateSpec:
-    from dataclasses import fields
-
-    from llama_sparse.gates.spec import Arm
-
     known = {f.name for f in fields(GateSpec)}
     values: dict[str, Any] = {}
     for key, value in d.items():
@@ -333,6 +336,7 @@ def _builds_lines(builds: dict) -> list[str]:
 def markdown_table(report: GateReport) -> str:
     """A header (gate, kind, builds, machine, time, verdict) and one table row per result."""
     spec = report.spec
+    kind = report.kind
     verdict = report.verdict()
     status = {True: "PASS", False: "FAIL", None: "incomplete" if report.finished is None else "no verdict"}[verdict]
     out = [f"# Gate `{spec.name}` ({spec.kind}): {status}", ""]
@@ -374,9 +378,8 @@ def markdown_table(report: GateReport) -> str:
             out += ["", f"### {r.arm} / {r.model} / {_k(r.context)} / {r.cache_type} / B={r.batch}",
                     "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
     out += _needle_table(report)
-    if spec.kind == "frontier":
-        from llama_sparse.gates import frontier  # the kind's module imports this one
-        out += frontier.markdown(report)
+    if kind is not None and kind.markdown is not None:
+        out += kind.markdown(report)
     calibrated = [r for r in report.results if r.calibration]
     if calibrated:
         out += ["", "## Calibration questions (answered first, not scored)", ""]
@@ -388,6 +391,19 @@ def markdown_table(report: GateReport) -> str:
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
+
+
+def needle_id(record: dict) -> str:
+    return f"{record['task']}#{record['index']}"
+
+
+def compare_needles(reference: list[dict], other: list[dict]) -> tuple[list[str], list[str]]:
+    """Needle by needle: (the needles the reference found and `other` did not, the reverse)."""
+    ref = {needle_id(x): x["score"] == 1.0 for x in reference}
+    got = {needle_id(x): x["score"] == 1.0 for x in other}
+    lost = [k for k, found in ref.items() if found and got.get(k) is False]
+    gained = [k for k, found in got.items() if found and ref.get(k) is False]
+    return lost, gained
 
 
 def _needle_table(report: GateReport) -> list[str]:
@@ -444,10 +460,10 @@ def _finite(v: Any) -> bool:
 
 def plot(report: GateReport, path: Path) -> Path | None:
     """Speed ratio and niah score vs context, one line per arm; None when there is nothing to plot.
-    A frontier gate draws its own plot (needles against speed)."""
-    if report.spec.kind == "frontier":
-        from llama_sparse.gates import frontier  # the kind's module imports this one
-        return frontier.plot(report, path)
+    A kind with a plot of its own (frontier: needles against speed) draws that instead."""
+    kind = report.kind
+    if kind is not None and kind.plot is not None:
+        return kind.plot(report, path)
     ok = [r for r in report.results if r.error is None]
     ratio = [r for r in ok if _finite(r.metrics.get("ratio_median"))]
     niah = [r for r in ok if _finite(r.metrics.get("niah"))]
@@ -531,15 +547,5 @@ def save_figure(fig, path: Path) -> Path:
     """The figure as a PNG, replaced atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    _replace_atomically(path, lambda f: fig.savefig(f, format="png", dpi=100))
     return path

@@ -32,221 +32,22 @@ import difflib
 import math
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from llama_sparse.errors import UserError
 from llama_sparse.gates import niah
+from llama_sparse.gates.flags import RESERVED_FLAGS, flag_value, resolve_file_flags, uses_sparse_flags
+from llama_sparse.gates.kinds import KINDS
+from llama_sparse.gates.schema import Arm, GateSpec, Threshold
+from llama_sparse.gates.yamlfile import Map as _Map
+from llama_sparse.gates.yamlfile import SpecError, read_yaml as _read_yaml, shown_path as _shown
 from llama_sparse.models import MODEL_NAMES as KNOWN_MODELS
 
-KINDS = ("identity", "niah", "logits", "ab", "load", "frontier")
+__all__ = ["Arm", "GateSpec", "SpecError", "discover", "load"]
 VARIANTS = ("patched", "upstream")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 NIAH_TASKS = niah.TASKS
-MIN_AB_REPEATS = 5
 NAME_RE = re.compile(r"^[a-z0-9._-]+$")
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """A pass threshold a gate kind understands: its meaning and the range its value may take."""
-
-    help: str
-    low: float
-    high: float | None = None
-    integer: bool = False
-    low_open: bool = False   # value must be > low rather than >= low
-
-
-THRESHOLDS: dict[str, dict[str, Threshold]] = {
-    "identity": {
-        "max_diff_prompts": Threshold("prompts whose output differs from the reference arm", 0, integer=True),
-    },
-    "niah": {
-        "min_score": Threshold("fraction of needles found, per arm and context", 0, 1),
-        "max_lost": Threshold("needles the reference arm found that another arm did not (alone, same "
-                              "model, context and cache)", 0, integer=True),
-    },
-    "logits": {
-        "max_kl_mean": Threshold("mean KL divergence from the reference arm, per step", 0),
-        "max_kl_max": Threshold("largest KL divergence from the reference arm at any step", 0),
-        "min_top1": Threshold("fraction of steps whose top-1 token matches the reference", 0, 1),
-        "max_diff_steps": Threshold("steps whose logits differ from the reference at all", 0, integer=True),
-    },
-    "ab": {
-        "min_ratio": Threshold("median decode speed of a sparse arm over the dense one", 0, low_open=True),
-        "min_bound_share": Threshold("share of the coverage bound a sparse arm reaches", 0, 1),
-    },
-    # load passes only with no 5xx, no parse error, no crash, a timing line per request and no
-    # needle lost; nothing to tune
-    "load": {},
-    # frontier sweeps settings on purpose, lossy ones included: it records where each lands
-    # (needles kept against speed), it does not judge them
-    "frontier": {},
-}
-
-# Flags the harness derives from the gate itself; an arm setting them would fight it.
-RESERVED_FLAGS = {
-    "-m": "models", "--model": "models",
-    "-c": "context_lengths", "--ctx-size": "context_lengths",
-    "-np": "batch", "--parallel": "batch",
-    "-ctk": "cache_types", "--cache-type-k": "cache_types",
-    "-ctv": "cache_types", "--cache-type-v": "cache_types",
-    "-s": "seed", "--seed": "seed",
-    "-t": "threads", "--threads": "threads", "-tb": "threads", "--threads-batch": "threads",
-    "-n": "n_predict", "--n-predict": "n_predict", "--predict": "n_predict",
-    "--port": "the harness", "--host": "the harness",
-}
-
-
-class SpecError(UserError):
-    """A gate file that cannot be used; the message names the file (and line) of every problem."""
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str                       # unique in the file, [a-z0-9._-]+
-    flags: tuple[str, ...] = ()     # extra llama-server flags for this arm
-    variant: str = "patched"        # which build: patched | upstream
-    sparse: bool = False            # uses a sparse method (needs the sparse flags of the build)
-    coverage: float | None = None   # block coverage this arm reads (for the bound column), 0<c<=1
-    env: tuple[tuple[str, str], ...] = ()  # extra environment of this arm's server (GGML_*, LLAMA_*)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "flags": list(self.flags), "variant": self.variant,
-                "sparse": self.sparse, "coverage": self.coverage, "env": dict(self.env)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class GateSpec:
-    path: Path
-    name: str                                   # defaults to the file stem
-    kind: str                                   # identity | niah | logits | ab | load | frontier
-    description: str = ""
-    models: tuple[str, ...]                     # model names or absolute paths to .gguf files
-    context_lengths: tuple[int, ...]            # in tokens
-    cache_types: tuple[str, ...] = ("f16",)     # KV cache types (k and v)
-    arms: tuple[Arm, ...]
-    samples: int = 24                           # niah samples / identity prompts / logits steps
-    tasks: tuple[str, ...] = ("niah_single_1",)  # niah only
-    repeats: int = 5                            # ab, frontier: >= 5
-    speed_context: int = 8192                   # frontier only: the context its speed is measured at
-    n_predict: int = 64                         # tokens decoded per request (niah: 128 by default)
-    batch: tuple[int, ...] = (1,)               # ab, niah: concurrent streams / requests per arm (--parallel B);
-                                                # load: the server's slots (one value)
-    clients: int = 8                            # load: concurrent clients
-    requests: int = 200                         # load: requests sent under load, at most
-    time_limit: float = 900.0                   # load: seconds; no request is sent after it
-    skip_steps: int = 0                         # logits only: leading rows left out of the comparison
-                                                # (the prefill's row and SCSA's calibration steps)
-    calibration_samples: int = 0                # niah only: unscored needle prompts (their own keys,
-                                                # values and depths) each arm answers first, so that
-                                                # SCSA calibrates on answers that retrieve
-    shared_prefill: bool = False                # niah only: each prompt prefilled once, by the first
-                                                # arm; every other arm restores that slot and decodes
-    stagger: float = 0.0                        # niah only, batch > 1: seconds between request arrivals
-                                                # (each on its own client), answer lengths varied
-    only_samples: tuple[int, ...] = ()          # niah only: answer just these sample indices (of
-                                                # `samples`, each the same prompt as in the full run)
-    seed: int = 42
-    threads: int | None = None
-    thresholds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def reference(self) -> Arm:
-        """The arm the others are compared with (identity, logits): the first one."""
-        return self.arms[0]
-
-    def arm(self, name: str) -> Arm:
-        for a in self.arms:
-            if a.name == name:
-                return a
-        raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Everything, JSON-ready, for recording the configuration next to the results."""
-        return {
-            "path": str(self.path), "name": self.name, "kind": self.kind,
-            "description": self.description, "models": list(self.models),
-            "context_lengths": list(self.context_lengths), "cache_types": list(self.cache_types),
-            "arms": [a.to_dict() for a in self.arms], "samples": self.samples,
-            "tasks": list(self.tasks), "repeats": self.repeats, "n_predict": self.n_predict,
-            "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
-            "time_limit": self.time_limit, "skip_steps": self.skip_steps,
-            "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
-            "only_samples": list(self.only_samples), "stagger": self.stagger, "speed_context": self.speed_context, "seed": self.seed, "threads": self.threads,
-            "thresholds": dict(self.thresholds),
-        }
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML with line numbers and without silently overwritten duplicate keys
-
-class _Map(dict):
-    """A YAML mapping that remembers on which line it and each of its keys stand."""
-
-    line: int = 0
-    lines: dict[Any, int]
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Map:
-    loader.flatten_mapping(node)
-    result = _Map()
-    result.line = node.start_mark.line + 1
-    result.lines = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, "a mapping key must be a plain value", key_node.start_mark) from None
-        if key in result:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {result.lines[key]})",
-                key_node.start_mark)
-        result[key] = loader.construct_object(value_node, deep=True)
-        result.lines[key] = key_node.start_mark.line + 1
-    return result
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _shown(path: Path) -> str:
-    """The path as the user would type it: relative to the working directory when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        return str(path)
-
-
-def _read_yaml(path: Path, shown: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{shown}: cannot read gate file ({e})") from e
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
-        what = e.problem or "invalid YAML"
-        context = ""
-        if e.context and e.problem:
-            started = e.context_mark
-            on = f" on line {started.line + 1}" if started and (not mark or started.line != mark.line) else ""
-            context = f" ({e.context}{' started' if on else ''}{on})"
-        raise SpecError(f"{where}: YAML error: {what}{context}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{shown}: YAML error: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,61 +208,6 @@ ARM_KEYS = ("name", "flags", "variant", "sparse", "coverage", "env")
 ENV_NAME_RE = re.compile(r"^(GGML|LLAMA)_[A-Z0-9_]+$")
 
 
-def flag_value(flags: tuple[str, ...], flag: str) -> str | None:
-    """The value given to `flag` (as `--flag v` or `--flag=v`), the last one winning."""
-    value = None
-    for i, tok in enumerate(flags):
-        if tok == flag and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif tok.startswith(flag + "="):
-            value = tok.split("=", 1)[1]
-    return value
-
-
-SCSA_CALIB_STEPS = 32   # llama.cpp's default --scsa-calib-steps
-
-
-def scsa_calibration_steps(arm: Arm) -> int:
-    """Decode steps an arm's server spends calibrating SCSA before its taus freeze: 0 for an arm
-    that is not SCSA or loads its taus (`--scsa-taus`)."""
-    if flag_value(arm.flags, "--sparse-attn") != "scsa" or flag_value(arm.flags, "--scsa-taus") is not None:
-        return 0
-    steps = flag_value(arm.flags, "--scsa-calib-steps")
-    return int(steps) if steps is not None else SCSA_CALIB_STEPS
-
-
-def _uses_sparse_flags(flags: tuple[str, ...]) -> bool:
-    if flag_value(flags, "--sparse-attn") in ("off", "0", "false", "none"):
-        return False
-    return any(tok.startswith(("--sparse", "--scsa")) for tok in flags)
-
-
-# Flags whose value is a file: a relative path is taken from the gate file's folder, as a model
-# path is, so that a gate and the taus it loads travel together.
-FILE_FLAGS = {"--scsa-taus": "read", "--scsa-taus-out": "written"}
-
-
-def _resolve_file_flags(flags: tuple[str, ...], base: Path, bad) -> tuple[str, ...]:
-    out = list(flags)
-    for i, tok in enumerate(flags):
-        flag, eq, value = tok.partition("=")
-        if flag not in FILE_FLAGS:
-            continue
-        if not eq:
-            if i + 1 >= len(flags):
-                bad(f"'{flag}' needs a file")
-                continue
-            value = flags[i + 1]
-        resolved = Path(value) if Path(value).is_absolute() else base / value
-        if FILE_FLAGS[flag] == "read" and not resolved.is_file():
-            bad(f"{flag} {value}: no such file ({resolved})")
-        if eq:
-            out[i] = f"{flag}={resolved}"
-        else:
-            out[i + 1] = str(resolved)
-    return tuple(out)
-
-
 def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any:
     if isinstance(raw, str):
         raw_map = _Map(name=raw)
@@ -512,13 +258,13 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
                 by = "by the harness" if owner == "the harness" else f"from the gate's '{owner}'"
                 bad("flags", f"'{flag}' is set {by}; an arm must not set it")
 
-        flags = _resolve_file_flags(flags, base, lambda msg: bad("flags", msg))
+        flags = resolve_file_flags(flags, base, lambda msg: bad("flags", msg))
 
     variant = raw.get("variant", "patched")
     if variant not in VARIANTS:
         bad("variant", f"{variant!r} is not a build variant; known: {', '.join(VARIANTS)}")
 
-    sparse = _uses_sparse_flags(flags)
+    sparse = uses_sparse_flags(flags)
     if "sparse" in raw:
         if not isinstance(raw["sparse"], bool):
             bad("sparse", f"must be true or false, not {_type_name(raw['sparse'])} ({raw['sparse']!r})")
@@ -567,16 +313,18 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
 
 # --- the gate ----------------------------------------------------------------------------------
 
-TOP_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
-            "samples", "tasks", "repeats", "n_predict", "batch", "clients", "requests", "time_limit",
-            "skip_steps", "calibration_samples", "shared_prefill", "only_samples", "stagger", "speed_context", "seed",
-            "threads", "thresholds")
+COMMON_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
+               "samples", "n_predict", "seed", "threads", "thresholds")
+# the keys only some kinds read, and which: from each kind's own declaration
+KIND_ONLY = {key: tuple(k for k, kind in KINDS.items() if key in kind.keys)
+             for key in dict.fromkeys(key for kind in KINDS.values() for key in kind.keys)}
+TOP_KEYS = COMMON_KEYS + tuple(KIND_ONLY)
 REQUIRED = ("kind", "models", "context_lengths", "arms")
-KIND_ONLY = {"tasks": ("niah", "load", "frontier"), "repeats": ("ab", "frontier"), "batch": ("ab", "niah", "load"),
-             "clients": ("load",), "requests": ("load",), "time_limit": ("load",), "skip_steps": ("logits",),
-             "calibration_samples": ("niah", "frontier"), "shared_prefill": ("niah", "frontier"),
-             "only_samples": ("niah", "frontier"), "stagger": ("niah",), "speed_context": ("frontier",)}
-MIN_ARMS = {"identity": 2, "logits": 2, "niah": 1, "ab": 1, "load": 1, "frontier": 2}
+
+
+def settable_thresholds(kind: str) -> dict[str, Threshold]:
+    """The thresholds a gate file of `kind` may set (the kind's fixed rules are not among them)."""
+    return {name: t for name, t in KINDS[kind].thresholds.items() if t.settable}
 
 
 def load(path: Path) -> GateSpec:
@@ -611,8 +359,8 @@ def load(path: Path) -> GateSpec:
                           "(lower case letters, digits, '.', '_', '-'); rename the file or set name:")
 
     kind = data.get("kind", _INVALID)
-    if "kind" in data and kind not in KINDS:
-        close = difflib.get_close_matches(str(kind), KINDS, n=1, cutoff=0.6)
+    if "kind" in data and (not isinstance(kind, str) or kind not in KINDS):
+        close = difflib.get_close_matches(str(kind), list(KINDS), n=1, cutoff=0.6)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         kind = ck.fail(lines["kind"], f"kind: {data['kind']!r} is not a gate kind{hint}; "
                                       f"known: {', '.join(KINDS)}")
@@ -653,11 +401,12 @@ def load(path: Path) -> GateSpec:
     if kind == "load" and "batch" in data and isinstance(values.get("batch"), tuple) and len(values["batch"]) != 1:
         ck.fail(lines["batch"], "batch: kind load takes one value, the server's --parallel slots")
     if "repeats" in data:
-        if kind in ("ab", "frontier"):
+        least = KINDS[kind].min_repeats if kind in KINDS else 1
+        if least > 1:
             values["repeats"] = _positive_int(
-                ck, data, "repeats", MIN_AB_REPEATS,
+                ck, data, "repeats", least,
                 reason=f" for kind {kind}: two identical dense arms differ by up to 10% in decode speed "
-                       f"with 2 repeats, so fewer than {MIN_AB_REPEATS} cannot tell a real change from noise")
+                       f"with 2 repeats, so fewer than {least} cannot tell a real change from noise")
         else:
             values["repeats"] = _positive_int(ck, data, "repeats")
     if "seed" in data:
@@ -701,8 +450,8 @@ def load(path: Path) -> GateSpec:
                                            f"(indices 0 to {n - 1})")
     if "threads" in data:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
-    if "n_predict" not in data and kind in ("niah", "frontier"):
-        values["n_predict"] = 128
+    if "n_predict" not in data and kind in KINDS:
+        values["n_predict"] = KINDS[kind].n_predict
     if "speed_context" in data:
         n = _context_length(data["speed_context"])
         if n is None:
@@ -729,11 +478,12 @@ def load(path: Path) -> GateSpec:
                             f"arms[{i}]: name '{arm_name}' is used twice (also arms[{seen[arm_name]}]); "
                             "arm names must be unique")
                 seen.setdefault(arm_name, i)
-            if kind in MIN_ARMS and len(arms) < MIN_ARMS[kind]:
-                ck.fail(lines["arms"], f"arms: kind {kind} needs at least {MIN_ARMS[kind]} arms "
+            least = KINDS[kind].min_arms if kind in KINDS else 1
+            if len(arms) < least:
+                ck.fail(lines["arms"], f"arms: kind {kind} needs at least {least} arms "
                                        "(the first is the reference the others are compared with)")
-            elif kind == "frontier" and arms and arms[0] is not _INVALID and arms[0].sparse:
-                ck.fail(lines["arms"], f"arms: kind frontier measures every setting against dense: its first arm "
+            elif kind in KINDS and KINDS[kind].first_arm_dense and arms[0] is not _INVALID and arms[0].sparse:
+                ck.fail(lines["arms"], f"arms: kind {kind} measures every setting against dense: its first arm "
                                        f"must be dense (no sparse flags), not '{arms[0].name}'")
             values["arms"] = tuple(arms) if all(a is not _INVALID for a in arms) else _INVALID
 
@@ -746,7 +496,7 @@ def load(path: Path) -> GateSpec:
         elif not isinstance(raw_t, _Map):
             ck.fail(line, f"thresholds: must be a mapping of name: number, not {_type_name(raw_t)}")
         elif kind is not _INVALID:
-            known = THRESHOLDS[kind]
+            known = settable_thresholds(kind)
             names = tuple(known)
             for key, value in raw_t.items():
                 kline = raw_t.lines.get(key, line)
