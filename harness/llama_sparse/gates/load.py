@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from llama_sparse import timings
 from llama_sparse.errors import ArmError
 from llama_sparse.gates import niah
-from llama_sparse.gates.needles import make_samples, server_ctx
 from llama_sparse.gates.context import GateContext
+from llama_sparse.gates.needles import make_samples, server_ctx
 from llama_sparse.gates.report import ArmResult
 from llama_sparse.gates.schema import Arm, Kind, Threshold
 from llama_sparse.server import ServerProcess
