@@ -5,6 +5,7 @@ taus file) is refused with the reason."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -64,6 +65,14 @@ def test_help_lists_every_flag() -> None:
         assert flag in text, flag
 
 
+def test_the_default_tolerance_is_the_one_that_kept_the_needles() -> None:
+    for tool in ("llama-server", "llama-bench"):
+        out = subprocess.run([str(binary(tool)), "--help"], capture_output=True, text=True, timeout=60)
+        # llama-server wraps its help: the default may stand on the flag's next line
+        found = re.search(r"--scsa-tolerance \S+\s.*?\(default: ([0-9.]+)\)", out.stdout + out.stderr, re.S)
+        assert found and found.group(1) == "0.0125", (tool, found and found.group(0))
+
+
 def test_llama_bench_help_lists_every_flag_but_taus_out() -> None:
     out = subprocess.run([str(binary("llama-bench")), "--help"], capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
@@ -87,6 +96,8 @@ def run_bench(model: Path, *args: str, depth: int = 2048) -> subprocess.Complete
 def test_llama_bench_calibrates_before_the_timed_runs(tiny_qwen3) -> None:
     proc = run_bench(tiny_qwen3)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # the tolerance that kept every needle dense found in prose, in every tool alike
+    assert "llama-bench: SCSA (tolerance 0.0125," in proc.stderr
     assert "calibrated in 33 untimed decode steps at each test's depth" in proc.stderr
     lines = proc.stderr.splitlines()
     calib = lines.index("llama-bench: benchmark 1/1: SCSA calibration run (33 decode steps at depth 2048)")

@@ -148,7 +148,8 @@ def plot(report: GateReport, path: Path) -> Path | None:
         dense = next((p for p in group if p.arm == reference), None)
         if dense is not None:
             ax.axhline(dense.score, color="grey", linestyle="--", linewidth=1, label=f"{reference}'s score")
-        for p in group:
+        placed: list[tuple[float, float]] = []   # labels already drawn: (ratio, score)
+        for p in sorted(group, key=lambda p: p.ratio):
             lossless = not p.lost
             style = dict(color="black", marker="s") if p.arm == reference else \
                 dict(color="tab:green", marker="o") if lossless else dict(color="tab:red", marker="X")
@@ -156,7 +157,11 @@ def plot(report: GateReport, path: Path) -> Path | None:
                 if p.ratio_min is not None and p.ratio_max is not None else None
             ax.errorbar([p.ratio], [p.score], xerr=err, capsize=3, markersize=8, linestyle="none", **style)
             note = p.arm + ("" if p.arm == reference or lossless else f" (lost {len(p.lost)})")
-            ax.annotate(note, (p.ratio, p.score), textcoords="offset points", xytext=(6, 6), fontsize="small")
+            # points close together (dense and the settings near it) get their labels stacked
+            near = sum(1 for x, y in placed if abs(x - p.ratio) < 0.5 and abs(y - p.score) < 0.02)
+            placed.append((p.ratio, p.score))
+            ax.annotate(note, (p.ratio, p.score), textcoords="offset points", xytext=(6, 6 + 13 * near),
+                        fontsize="small")
         ys = [p.score for p in group]
         pad = max(0.05, (max(ys) - min(ys)) * 0.3)
         ax.set_ylim(max(0.0, min(ys) - pad), min(1.0, max(ys) + pad))
@@ -164,7 +169,7 @@ def plot(report: GateReport, path: Path) -> Path | None:
         xs = [p.ratio_max or p.ratio for p in group]
         ax.set_xlim(min(0.9, min(p.ratio for p in group) - 0.1), max(xs) * 1.15)
         ax.set_xlabel(f"decode speed at {report.spec.speed_context} tokens, over dense (median, min-max)")
-        ax.set_ylabel("needles found")
+        ax.set_ylabel(f"needles found (of {group[0].total})")
         ax.set_title(f"{model}, KV {cache}")
         ax.text(0.99, 0.01, f"green: kept every needle {reference} found; red: lost some",
                 transform=ax.transAxes, ha="right", va="bottom", fontsize="small", color="dimgrey")
