@@ -79,5 +79,5 @@ def test_wait_log_waits_for_a_line_written_after_the_response(tmp_path: Path) ->
     # the server's log thread writes the request's last line a little after the response
     threading.Timer(0.3, lambda: log.write_text(log.read_text() + "total time = 1 ms\n")).start()
     assert "total time" in server.wait_log("total time", timeout=5)
-    with pytest.raises(ServerError, match="'total time' did not reach the server log 2 time"):
+    with pytest.raises(ServerError, match=r"'total time' \(2 time\(s\)\) did not reach the server log in 0.2 s"):
         server.wait_log("total time", count=2, timeout=0.2)
