@@ -9,7 +9,6 @@ a path to a local .gguf is too.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys

@@ -171,8 +171,7 @@ def run(ctx: GateContext) -> None:
 
 
 KIND = Kind(
-    "ab", run, help="same-run decode A/B of every arm against dense",
-    keys=("repeats", "batch"),
+    "ab", run, keys=("repeats", "batch"),
     # two identical dense arms differ by up to 10% in decode speed with 2 repeats
     min_repeats=5,
     thresholds={

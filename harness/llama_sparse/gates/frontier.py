@@ -17,7 +17,7 @@ from pathlib import Path
 
 from llama_sparse.gates import ab, needles
 from llama_sparse.gates.context import GateContext
-from llama_sparse.gates.report import ArmResult, GateReport, compare_needles, save_figure
+from llama_sparse.gates.report import ArmResult, GateReport, compare_needles, save_figure, tokens_label
 from llama_sparse.gates.schema import Kind
 
 SPEED_N_PREDICT = 64  # tokens per timed round of the speed part (the ab gates' default)
@@ -80,8 +80,8 @@ def points(report: GateReport) -> list[FrontierPoint]:
                     and x.context == r.context and x.cache_type == r.cache_type and x.error is None), None)
         if ref is not None and r.arm != reference:
             lost, gained = compare_needles(ref.samples, r.samples)
-            p.lost += [f"{r.context // 1024}K {n}" if r.context % 1024 == 0 else f"{r.context} {n}" for n in lost]
-            p.gained += [f"{r.context // 1024}K {n}" if r.context % 1024 == 0 else f"{r.context} {n}" for n in gained]
+            p.lost += [f"{tokens_label(r.context)} {n}" for n in lost]
+            p.gained += [f"{tokens_label(r.context)} {n}" for n in gained]
     for r in report.results:
         if is_needle_result(r) or r.context != speed_context:
             continue
@@ -108,10 +108,9 @@ def markdown(report: GateReport) -> list[str]:
     if not pts:
         return []
     spec = report.spec
-    contexts = ", ".join(f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in spec.context_lengths)
-    sc = spec.speed_context
+    contexts = ", ".join(tokens_label(c) for c in spec.context_lengths)
     out = ["", f"## Frontier: needles ({', '.join(spec.tasks)}, {contexts}) against decode speed at "
-               f"{sc // 1024 if sc % 1024 == 0 else sc}{'K' if sc % 1024 == 0 else ''}", "",
+               f"{tokens_label(spec.speed_context)}", "",
            "| arm | model | cache | needles found | lost against dense | found where dense did not | "
            "decode tok/s | speed vs dense (min-max) | blocks read | bound of that coverage |",
            "|---|---|---|--:|---|---|--:|--:|--:|--:|"]
@@ -204,6 +203,6 @@ def run(ctx: GateContext) -> None:
 
 # Nothing is judged (it sweeps lossy settings on purpose and records where each lands); the run
 # passes when every part of every arm was measured.
-KIND = Kind("frontier", run, help="needles kept against decode speed, one point per setting",
+KIND = Kind("frontier", run,
             keys=("tasks", "repeats", "calibration_samples", "shared_prefill", "only_samples", "speed_context"),
             min_arms=2, min_repeats=5, n_predict=128, first_arm_dense=True, markdown=markdown, plot=plot)

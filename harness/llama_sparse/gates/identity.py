@@ -83,6 +83,6 @@ def run(ctx: GateContext) -> None:
 
 
 KIND = Kind(
-    "identity", run, help="every arm gives the reference arm's tokens and logits bit for bit", min_arms=2,
+    "identity", run, min_arms=2,
     thresholds={"max_diff_prompts": Threshold("prompts whose output differs from the reference arm", "diff_prompts",
                                               "max", 0, integer=True, default=0)})

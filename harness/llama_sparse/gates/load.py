@@ -153,7 +153,7 @@ def _none_of(what: str, metric: str) -> Threshold:
 # load passes only with no 5xx, no other HTTP error, no parse error, a timing line per request,
 # every request sent and no needle lost: rules of the kind, nothing a gate file tunes
 KIND = Kind(
-    "load", run, help="many clients against one server with parallel slots",
+    "load", run,
     keys=("tasks", "batch", "clients", "requests", "time_limit"),
     thresholds={
         "max_http_5xx": _none_of("responses with a 5xx status", "http_5xx"),

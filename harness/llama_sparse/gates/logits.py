@@ -69,7 +69,7 @@ def run(ctx: GateContext) -> None:
 
 
 KIND = Kind(
-    "logits", run, help="teacher-forced agreement of each arm with the reference arm", keys=("skip_steps",),
+    "logits", run, keys=("skip_steps",),
     min_arms=2,
     thresholds={
         "max_kl_mean": Threshold("mean KL divergence from the reference arm, per step", "kl_mean", "max", 0),

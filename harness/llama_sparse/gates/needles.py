@@ -281,5 +281,4 @@ NIAH_THRESHOLDS = {
     "max_lost_under_load": Threshold("needles an arm found alone and lost under load (batch > 1)",
                                      "lost_under_load", "max", 0, integer=True, default=0, settable=False),
 }
-KIND = Kind("niah", run, help="RULER needle retrieval per arm, context and KV type", keys=NIAH_KEYS,
-            thresholds=NIAH_THRESHOLDS, n_predict=128)
+KIND = Kind("niah", run, keys=NIAH_KEYS, thresholds=NIAH_THRESHOLDS, n_predict=128)

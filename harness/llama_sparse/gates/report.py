@@ -280,7 +280,7 @@ def write(report: GateReport, out_dir: Path) -> dict[str, Path]:
 # ---------------------------------------------------------------------------------------------
 # markdown
 
-def _k(tokens: int) -> str:
+def tokens_label(tokens: int) -> str:
     """1024 -> 1K, 1536 -> 1.5K, 500 -> 500."""
     if tokens >= 1024 and tokens % 256 == 0:
         return f"{tokens / 1024:g}K"
@@ -364,7 +364,7 @@ def markdown_table(report: GateReport) -> str:
     out.append("|" + "|".join(["---"] * 4 + ["--:"] * (1 + len(columns)) + ["---"]) + "|")
     for r in report.results:
         row = [r.arm, Path(r.model).name if r.model.endswith(".gguf") else r.model,
-               _k(r.context), r.cache_type, str(r.batch)]
+               tokens_label(r.context), r.cache_type, str(r.batch)]
         row += ["-" if r.error is not None else format_metric(c, r.metrics.get(c)) for c in columns]
         row.append(_result_cell(r))
         out.append("| " + " | ".join(_cell(c) for c in row) + " |")
@@ -375,7 +375,7 @@ def markdown_table(report: GateReport) -> str:
     if errored:
         out += ["", "## Errors"]
         for r in errored:
-            out += ["", f"### {r.arm} / {r.model} / {_k(r.context)} / {r.cache_type} / B={r.batch}",
+            out += ["", f"### {r.arm} / {r.model} / {tokens_label(r.context)} / {r.cache_type} / B={r.batch}",
                     "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
     out += _needle_table(report)
     if kind is not None and kind.markdown is not None:
@@ -387,7 +387,7 @@ def markdown_table(report: GateReport) -> str:
             found = sum(1 for c in r.calibration if c["score"] == 1.0)
             answers = "; ".join(f"`{c['expected'][0]}` at depth {c['depth']:.2f}: "
                                 f"`{' '.join(c['output'].split())[:24]}`" for c in r.calibration)
-            out.append(f"- {r.arm} / {_k(r.context)}: {found} of {len(r.calibration)} found ({answers})")
+            out.append(f"- {r.arm} / {tokens_label(r.context)}: {found} of {len(r.calibration)} found ({answers})")
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
@@ -420,7 +420,7 @@ def _needle_table(report: GateReport) -> list[str]:
         if len(results) < 2:
             continue
         ref = results[0]
-        out += ["", f"## Needle by needle: {model}, {_k(context)}, {cache} (against {ref.arm})", "",
+        out += ["", f"## Needle by needle: {model}, {tokens_label(context)}, {cache} (against {ref.arm})", "",
                 "| needle | depth | " + " | ".join(r.arm for r in results) + " |",
                 "|---|--:|" + "---|" * len(results)]
         by_arm = [{(x["task"], x["index"]): x for x in r.samples} for r in results]
@@ -526,7 +526,7 @@ def plot(report: GateReport, path: Path) -> Path | None:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(FixedLocator(contexts))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: _k(int(round(x)))))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: tokens_label(int(round(x)))))
         if len(contexts) == 1:
             ax.set_xlim(contexts[0] / 1.5, contexts[0] * 1.5)
         ax.set_xlabel("context (tokens)")

@@ -43,7 +43,6 @@ class Kind:
 
     name: str
     run: Callable[[Any], None]                      # run(ctx: GateContext): records results
-    help: str = ""
     keys: tuple[str, ...] = ()                      # keys beyond the common ones it reads
     thresholds: Mapping[str, Threshold] = field(default_factory=dict)
     min_arms: int = 1                               # the first arm is the one the others are compared with
