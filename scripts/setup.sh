@@ -36,6 +36,8 @@ echo "== building (2 jobs, ccache)"
 if [ $with_tests = 1 ]; then
   llama-sparse build --tests
   llama-sparse build --upstream --target llama-server --target llama-sparse-logits
+  echo "== llama-cpp-python from the pinned sdist, without its native build (it loads our DSO)"
+  llama-sparse python-bindings install
 else
   llama-sparse build
 fi

@@ -38,3 +38,32 @@ def binary(name: str, variant: str = "patched") -> Path:
         raise UserError(f"{path} does not exist; build it with `llama-sparse build"
                         f"{' --upstream' if variant == 'upstream' else ''}`")
     return path
+
+
+ENV_LIB_DIR = "LLAMA_SPARSE_LIB_DIR"  # the patched DSO (libllama.so and the ggml libraries)
+DSO_NAMES = ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so")
+
+
+def lib_dir(variant: str = "patched") -> Path:
+    """The folder of the shared libraries: what llama-cpp-python's LLAMA_CPP_LIB_PATH names.
+
+    In a build folder the libraries sit beside the executables (bin/); in the wheel they are
+    under llama_sparse/lib, where the executables' RPATH ($ORIGIN/../lib) finds them."""
+    env = os.environ.get(ENV_LIB_DIR) if variant == "patched" else None
+    if env:
+        candidates = [Path(env)]
+    else:
+        candidates = []
+        try:
+            candidates.append(bin_dir(variant))
+        except UserError:
+            pass
+        if variant == "patched":
+            candidates.append(Path(__file__).parent / "lib")
+    for folder in candidates:
+        if (folder / "libllama.so").exists():
+            return folder
+    where = ", ".join(str(c) for c in candidates) or "no build folder"
+    raise UserError(f"no libllama.so for the {variant} build (looked in {where}); "
+                    f"run `llama-sparse build{' --upstream' if variant == 'upstream' else ''}`"
+                    + (f" or set {ENV_LIB_DIR}" if variant == "patched" else ""))

@@ -125,6 +125,68 @@ def _cmd_ctest(args: argparse.Namespace) -> int:
     return proc.returncode
 
 
+def _cmd_abi(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from llama_sparse import abi
+    from llama_sparse.build import bin_dir
+
+    project = Project.find()
+    with tempfile.TemporaryDirectory(prefix="llama-sparse-abi-") as tmp:
+        pin = abi.extract_headers(project.vendor_dir, Path(tmp), ref=args.ref)
+        ours = (abi.HeaderTree(Path(args.against), args.against) if args.against
+                else abi.patched_headers(project.vendor_dir))
+        report = abi.compare_headers(pin, ours)
+    print(report.summary())
+    failed = not report.ok
+    # Check 5 needs shared builds of both trees: it runs whenever they are there.
+    pin_libs = Path(args.pin_libs) if args.pin_libs else bin_dir(project, "upstream")
+    our_libs = Path(args.our_libs) if args.our_libs else bin_dir(project, "patched")
+    missing = abi.missing_libraries(pin_libs, our_libs)
+    if missing:
+        print(f"exported symbols: not compared (no shared library at {', '.join(map(str, missing))})")
+    else:
+        exports = abi.compare_exports(pin_libs, our_libs)
+        print(exports.summary())
+        failed = failed or not exports.ok
+    print(f"abi: {'FAILED' if failed else 'OK'}")
+    return 1 if failed else 0
+
+
+def _cmd_lib_path(args: argparse.Namespace) -> int:
+    from llama_sparse.binaries import lib_dir
+
+    print(lib_dir("upstream" if args.upstream else "patched"))
+    return 0
+
+
+def _cmd_python_bindings(args: argparse.Namespace) -> int:
+    from llama_sparse import bindings
+    from llama_sparse.binaries import lib_dir
+
+    project = Project.find()
+    if args.action == "install":
+        bindings.install(project)
+        return 0
+    extra = {"LLAMA_SPARSE_ATTN": args.sparse_attn} if args.sparse_attn else {}
+    run = bindings.run_tests(project, lib_dir(), extra)
+    print(run.output, end="")
+    return run.returncode
+
+
+def _cmd_python_check(args: argparse.Namespace) -> int:
+    from llama_sparse import models, pycheck
+    from llama_sparse.binaries import lib_dir
+
+    project = Project.find()
+    cfg = pycheck.CheckConfig(model=models.resolve(args.model), context=args.context, steps=args.steps,
+                              threads=args.threads)
+    result = pycheck.run(cfg, Path(args.out or project.root / "results" / "python-check"),
+                         upstream_lib=lib_dir("upstream"), our_lib=lib_dir("patched"))
+    print(result.markdown())
+    return 0 if result.identical_rows == result.compared_rows else 1
+
+
 def _report_exit(ctx) -> int:
     from llama_sparse.gates import report as reports
 
@@ -235,6 +297,36 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--archs", default="86,90", help="comma-separated compute capabilities")
     p.add_argument("--jobs", type=int, default=2)
     p.set_defaults(func=_cmd_cuda_check)
+
+    p = sub.add_parser("abi", help="check that the patched headers (and libraries, once built shared) "
+                                   "keep the pinned upstream's ABI")
+    p.add_argument("--ref", default="upstream", help="the vendor tree's ref whose headers are the reference")
+    p.add_argument("--against", metavar="DIR",
+                   help="compare this llama.cpp tree's include/ and ggml/include/ (default: vendor/llama.cpp)")
+    p.add_argument("--pin-libs", metavar="DIR", help="upstream's shared libraries (default: its build's bin/)")
+    p.add_argument("--our-libs", metavar="DIR", help="our shared libraries (default: build/patched/bin)")
+    p.set_defaults(func=_cmd_abi)
+
+    p = sub.add_parser("lib-path", help="the folder of the patched libllama.so and ggml libraries "
+                                        "(LLAMA_CPP_LIB_PATH for llama-cpp-python)")
+    p.add_argument("--upstream", action="store_true", help="the unpatched build's instead")
+    p.set_defaults(func=_cmd_lib_path)
+
+    p = sub.add_parser("python-bindings", help="install llama-cpp-python from the pinned sdist without its native "
+                                               "build, or run its vocab-only tests on our DSO")
+    p.add_argument("action", choices=("install", "test"))
+    p.add_argument("--sparse-attn", choices=("on", "auto", "scsa"),
+                   help="test: with LLAMA_SPARSE_ATTN set to this in the environment")
+    p.set_defaults(func=_cmd_python_bindings)
+
+    p = sub.add_parser("python-check", help="llama_cpp.Llama on our DSO at a long context: logits against "
+                                            "upstream's DSO, decode speed of sparse on and SCSA against off")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--threads", type=int, default=0, help="0: every core")
+    p.add_argument("--out", help="report folder (default: results/python-check)")
+    p.set_defaults(func=_cmd_python_check)
 
     p = sub.add_parser("ctest", help="run upstream's CPU unit tests on the patched build")
     p.set_defaults(func=_cmd_ctest)

@@ -124,15 +124,15 @@ int main(int argc, char ** argv) {
     }
     fclose(out);
     fprintf(stderr, "wrote %d rows of %d logits (prompt %zu tokens) to %s\n", n_steps + 1, n_vocab, prompt.size(), out_path.c_str());
-#ifdef LLAMA_SPARSE_SCSA   // the patched tree; this tool is built against upstream's too
-    llama_scsa_stats scsa;
-    if (llama_scsa_get_stats(ctx, &scsa)) {
+#ifdef LLAMA_SPARSE_API_VERSION   // the patched tree (common.h includes llama-sparse.h); this tool is built against upstream's too
+    llama_sparse_stats st;
+    if (llama_sparse_get_stats(ctx, -1, &st, false) && st.sparse_attn == LLAMA_SPARSE_ATTN_SCSA) {
         // what SCSA did over the run, for the gates and tests that read this log
         fprintf(stderr, "scsa: calls %lld, read %lld of %lld visible rows (opened %lld, exact %lld), rebuilds %lld, "
                         "exact calls %lld, calibration %d steps, %s\n",
-                (long long) scsa.calls, (long long) (scsa.opened_rows + scsa.exact_rows), (long long) scsa.visible_rows,
-                (long long) scsa.opened_rows, (long long) scsa.exact_rows, (long long) scsa.rebuilds,
-                (long long) scsa.dense_calls, scsa.calib_steps, scsa.calibrated ? "taus frozen" : "calibrating");
+                (long long) st.scsa_calls, (long long) (st.scsa_opened_rows + st.scsa_exact_rows), (long long) st.scsa_visible_rows,
+                (long long) st.scsa_opened_rows, (long long) st.scsa_exact_rows, (long long) st.scsa_rebuilds,
+                (long long) st.scsa_dense_calls, st.scsa_calib_steps, st.scsa_calibrated ? "taus frozen" : "calibrating");
     }
 #endif
     common_log_flush(common_log_main());

@@ -1,0 +1,193 @@
+"""Sparse attention for llama-cpp-python: a `llama_cpp.Llama` on our DSO with sparse attention or
+SCSA switched on, and its read statistics.
+
+llama-cpp-python loads the libllama.so that `LLAMA_CPP_LIB_PATH` names (`llama-sparse lib-path`
+prints ours). Our settings travel beside upstream's `llama_context_params`, which is unchanged,
+through llama-sparse.h's own functions; this module reaches them with ctypes on the same library
+file, so it needs nothing of llama-cpp-python but its public API:
+
+    from llama_sparse.python import sparse_llama, read_stats
+    llm = sparse_llama("model.gguf", "on", n_ctx=8192)   # or "scsa"; keyword arguments go to Llama
+    ...; print(read_stats(llm).read_fraction)
+
+Without code, `LLAMA_SPARSE_ATTN=on` in the environment does the same for any program on the DSO.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+MODES = {"off": 0, "on": 1, "auto": 2, "scsa": 3}
+_MODE_NAMES = {v: k for k, v in MODES.items()}
+GGML_TYPE_F16 = 1
+GGML_TYPE_Q8_0 = 8
+
+
+class SparseParams(ctypes.Structure):
+    """`struct llama_sparse_params` (llama-sparse.h); its size is checked against the library's."""
+
+    _fields_ = [
+        ("sparse_attn", ctypes.c_int),
+        ("sparse_attn_block_size", ctypes.c_int32),
+        ("sparse_attn_topk", ctypes.c_int32),
+        ("sparse_attn_coverage", ctypes.c_float),
+        ("sparse_attn_recent", ctypes.c_int32),
+        ("sparse_attn_sink", ctypes.c_int32),
+        ("sparse_attn_min_kv", ctypes.c_int32),
+        ("scsa_tolerance", ctypes.c_float),
+        ("scsa_max_error", ctypes.c_float),
+        ("scsa_calib_steps", ctypes.c_int32),
+        ("scsa_taus", ctypes.c_char_p),
+        ("scsa_taus_out", ctypes.c_char_p),
+        ("scsa_hierarchical", ctypes.c_bool),
+        ("scsa_packed", ctypes.c_int),
+        ("scsa_cluster_size", ctypes.c_int32),
+        ("scsa_rebuild_interval", ctypes.c_int32),
+        ("scsa_block_size", ctypes.c_int32),
+        ("scsa_sink", ctypes.c_int32),
+        ("scsa_recent", ctypes.c_int32),
+    ]
+
+
+class _SparseStats(ctypes.Structure):
+    """`struct llama_sparse_stats` (llama-sparse.h)."""
+
+    _fields_ = [
+        ("sparse_attn", ctypes.c_int),
+        ("blocks_read", ctypes.c_uint64),
+        ("blocks_visible", ctypes.c_uint64),
+        ("scsa_calls", ctypes.c_int64),
+        ("scsa_scored", ctypes.c_int64),
+        ("scsa_opened_rows", ctypes.c_int64),
+        ("scsa_exact_rows", ctypes.c_int64),
+        ("scsa_visible_rows", ctypes.c_int64),
+        ("scsa_rebuilds", ctypes.c_int64),
+        ("scsa_dense_calls", ctypes.c_int64),
+        ("scsa_calib_steps", ctypes.c_int32),
+        ("scsa_calibrated", ctypes.c_bool),
+        ("scsa_plan_bytes", ctypes.c_int64),
+        ("read_fraction", ctypes.c_double),
+    ]
+
+
+@dataclass(frozen=True)
+class SparseStats:
+    """What a context read in its decode steps against what dense attention would have read."""
+
+    mode: str                # off, on, auto or scsa
+    read_fraction: float     # of what dense reads: blocks (block method) or rows (SCSA); 1.0 when nothing counted
+    blocks_read: int
+    blocks_visible: int
+    scsa_opened_rows: int
+    scsa_exact_rows: int
+    scsa_visible_rows: int
+    scsa_calib_steps: int
+    scsa_calibrated: bool
+
+
+class SparseLibraryError(RuntimeError):
+    """The library llama-cpp-python loads is not ours (or not this version of ours)."""
+
+
+def library_path() -> Path:
+    """The libllama.so llama-cpp-python loads: `LLAMA_CPP_LIB_PATH`'s, else ours (set it then)."""
+    folder = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if not folder:
+        from llama_sparse.binaries import lib_dir
+
+        folder = str(lib_dir())
+        # llama_cpp reads the variable at its import: set before it is imported, it takes ours
+        os.environ["LLAMA_CPP_LIB_PATH"] = folder
+    return Path(folder) / "libllama.so"
+
+
+def _loaded_libllama() -> set[str]:
+    """The libllama files mapped in this process (Linux): more than one means llama_cpp took another."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    return {os.path.realpath(line.split()[-1]) for line in maps.splitlines()
+            if "/libllama.so" in line and line.split()[-1].startswith("/")}
+
+
+def _library() -> ctypes.CDLL:
+    path = library_path()
+    # the same file llama_cpp opened: dlopen hands back that library, so these functions act on
+    # the very contexts llama_cpp creates
+    lib = ctypes.CDLL(str(path))
+    try:
+        lib.llama_sparse_params_size.restype = ctypes.c_size_t
+    except AttributeError as e:
+        raise SparseLibraryError(f"{path} has no llama-sparse API (an upstream build?): "
+                                 f"set LLAMA_CPP_LIB_PATH to `llama-sparse lib-path`") from e
+    if lib.llama_sparse_params_size() != ctypes.sizeof(SparseParams):
+        raise SparseLibraryError(f"{path}: llama_sparse_params is {lib.llama_sparse_params_size()} bytes, this module "
+                                 f"knows {ctypes.sizeof(SparseParams)}: the library and the Python package differ in version")
+    loaded = _loaded_libllama()
+    if len(loaded) > 1:
+        raise SparseLibraryError(f"two libllama files are loaded ({', '.join(sorted(loaded))}): llama_cpp was imported "
+                                 f"before LLAMA_CPP_LIB_PATH named ours ({path.parent})")
+    lib.llama_sparse_default_params.restype = SparseParams
+    lib.llama_sparse_set_process_params.argtypes = [ctypes.POINTER(SparseParams), ctypes.c_char_p, ctypes.c_size_t]
+    lib.llama_sparse_set_process_params.restype = ctypes.c_bool
+    lib.llama_sparse_get_stats.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(_SparseStats), ctypes.c_bool]
+    lib.llama_sparse_get_stats.restype = ctypes.c_bool
+    lib.llama_sparse_get_params.argtypes = [ctypes.c_void_p]
+    lib.llama_sparse_get_params.restype = SparseParams
+    return lib
+
+
+def make_params(mode: str = "on", **settings: Any) -> SparseParams:
+    """The library's defaults with `mode` and any field of llama_sparse_params over them, e.g.
+    make_params("on", sparse_attn_coverage=0.5) or make_params("scsa", scsa_tolerance=0.025)."""
+    if mode not in MODES:
+        raise ValueError(f"sparse mode must be one of {', '.join(MODES)}, got {mode!r}")
+    params = _library().llama_sparse_default_params()
+    params.sparse_attn = MODES[mode]
+    known = {name for name, _ in SparseParams._fields_}
+    for name, value in settings.items():
+        if name not in known or name == "sparse_attn":
+            raise ValueError(f"unknown sparse setting {name!r}; known: {', '.join(sorted(known - {'sparse_attn'}))}")
+        if name in ("scsa_taus", "scsa_taus_out") and value is not None:
+            value = os.fsencode(value)
+        setattr(params, name, value)
+    return params
+
+
+def sparse_llama(model_path: str | os.PathLike, mode: str = "on", *, sparse: SparseParams | None = None,
+                 **llama_kwargs: Any):
+    """A `llama_cpp.Llama` whose context runs sparse attention (`mode` on/auto/scsa, or `sparse`
+    from make_params for other settings). Keyword arguments go to Llama; flash attention, which
+    both methods read the cache through, is turned on. A bad setting raises ValueError naming it."""
+    params = sparse if sparse is not None else make_params(mode)
+    library_path()  # LLAMA_CPP_LIB_PATH set before llama_cpp is imported
+    import llama_cpp
+
+    lib = _library()
+    err = ctypes.create_string_buffer(512)
+    if not lib.llama_sparse_set_process_params(ctypes.byref(params), err, len(err)):
+        raise ValueError(err.value.decode())
+    try:
+        llama_kwargs.setdefault("flash_attn", True)
+        return llama_cpp.Llama(model_path=str(model_path), **llama_kwargs)
+    finally:
+        # only this Llama's context: later ones follow the environment again
+        lib.llama_sparse_set_process_params(None, None, 0)
+
+
+def read_stats(llm, seq_id: int = -1, reset: bool = False) -> SparseStats:
+    """The sparse statistics of a Llama's context (mode "off" for a dense one)."""
+    out = _SparseStats()
+    _library().llama_sparse_get_stats(llm.ctx, seq_id, ctypes.byref(out), reset)
+    values = {f.name: getattr(out, f.name) for f in fields(SparseStats) if f.name != "mode"}
+    return SparseStats(mode=_MODE_NAMES.get(out.sparse_attn, "off"), **values)
+
+
+def context_mode(llm) -> str:
+    """What the Llama's context runs: off, on, auto or scsa."""
+    return _MODE_NAMES.get(_library().llama_sparse_get_params(llm.ctx).sparse_attn, "off")

@@ -1,0 +1,217 @@
+"""The DSO: shared libraries that drop in under programs built against upstream's headers, the
+LLAMA_SPARSE_* switch that needs no code, and llama-cpp-python on top of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_sparse.binaries import DSO_NAMES, binary, lib_dir
+
+pytestmark = pytest.mark.slow
+
+
+def _env_without_sparse(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("LLAMA_SPARSE_") and k not in ("LLAMA_SPARSE_CACHE", "LLAMA_SPARSE_ROOT"))}
+    env.update(extra)
+    return env
+
+
+def _ldd(path: Path) -> dict[str, str]:
+    out = subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=True).stdout
+    resolved = {}
+    for line in out.splitlines():
+        if "=>" in line:
+            name, _, rest = line.strip().partition(" => ")
+            resolved[name] = rest.split(" (")[0].strip()
+    return resolved
+
+
+def test_the_build_ships_the_shared_libraries_the_executables_use() -> None:
+    libs = lib_dir()
+    for name in DSO_NAMES:
+        assert (libs / name).exists(), f"{name} missing from {libs}"
+    resolved = _ldd(binary("llama-server"))
+    assert Path(resolved["libllama.so.0"]).resolve().parent == libs.resolve()
+    assert not [n for n, where in resolved.items() if where == "not found"], resolved
+
+
+def test_the_installed_layout_finds_its_libraries_through_its_rpath(project, tmp_path: Path) -> None:
+    """What `pip install .` puts in the wheel (the same install rules, run on the build folder):
+    executables under llama_sparse/bin that load the libraries under llama_sparse/lib, not the
+    build folder's."""
+    build = project.root / "build" / "patched"
+    subprocess.run(["cmake", "--install", str(build), "--component", "llama_sparse", "--prefix", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    installed_lib = tmp_path / "llama_sparse" / "lib"
+    for name in DSO_NAMES:
+        assert (installed_lib / name).exists(), f"{name} not installed"
+    server = tmp_path / "llama_sparse" / "bin" / "llama-server"
+    resolved = _ldd(server)
+    assert Path(resolved["libllama.so.0"]).resolve().parent == installed_lib.resolve(), resolved
+    version = subprocess.run([str(server), "--version"], capture_output=True, text=True, env=_env_without_sparse())
+    assert version.returncode == 0 and "llama-sparse" in version.stdout + version.stderr
+
+
+# -- the environment switch, through a program that gives no sparse flag ------------------------
+
+def _logits_run(tiny_qwen3: Path, tmp_path: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The quick brown fox jumps over the lazy dog. " * 8)
+    return subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "512",
+                           "--dump-steps", "2", "--dump-out", str(tmp_path / "out.bin"), "-lv", "4", *flags],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_environment_switches_sparse_attention_on_without_a_flag(tiny_qwen3: Path, tmp_path: Path) -> None:
+    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(LLAMA_SPARSE_ATTN="on", LLAMA_SPARSE_ATTN_COVERAGE="0.5"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "switched on by LLAMA_SPARSE_ATTN=on LLAMA_SPARSE_ATTN_COVERAGE=0.5" in proc.stderr
+    assert "sparse_attn           = on (block 32, coverage 0.5" in proc.stderr
+    # logged once, at warning level, however many contexts the program makes
+    assert proc.stderr.count("switched on by") == 1
+
+
+def test_a_flag_wins_over_the_environment(tiny_qwen3: Path, tmp_path: Path) -> None:
+    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(LLAMA_SPARSE_ATTN="on"), "--sparse-attn-coverage", "0.75")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # a sparse flag was given: the flags' settings, sparse off unless --sparse-attn says otherwise
+    assert "switched on by" not in proc.stderr
+    assert "sparse_attn           =" not in proc.stderr
+
+
+def test_without_the_variables_nothing_is_switched_on(tiny_qwen3: Path, tmp_path: Path) -> None:
+    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "llama-sparse:" not in proc.stderr and "sparse_attn           =" not in proc.stderr
+
+
+BAD_ENVIRONMENT = [
+    ({"LLAMA_SPARSE_ATTN": "sideways"}, "LLAMA_SPARSE_ATTN must be off, on, auto or scsa, got 'sideways'"),
+    ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_COVERAGE": "2"}, "LLAMA_SPARSE_ATTN_COVERAGE must be a number in (0, 1], got '2'"),
+    ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_COVERAGE": "0,5"}, "LLAMA_SPARSE_ATTN_COVERAGE must be a number in (0, 1], got '0,5'"),
+    ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_BLOCK_SIZE": "48"}, "LLAMA_SPARSE_ATTN_BLOCK_SIZE must be a multiple of 32 in [32, 4096], got '48'"),
+    ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_TOPK": "-1"}, "LLAMA_SPARSE_ATTN_TOPK must be an integer in [0, 1048576] (0: use the coverage), got '-1'"),
+    ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_TOLERANCE": "nan"}, "LLAMA_SPARSE_SCSA_TOLERANCE must be a number in (0, 1], got 'nan'"),
+    ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_PACKED": "q4_0"}, "LLAMA_SPARSE_SCSA_PACKED must be q8_0 or f16, got 'q4_0'"),
+    ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_CALIB_STEPS": "99999999999"}, "LLAMA_SPARSE_SCSA_CALIB_STEPS must be an integer in [0, 4096], got '99999999999'"),
+    ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_BLOCK_SIZE": "1000"},
+     "the LLAMA_SPARSE_* environment (LLAMA_SPARSE_ATTN=scsa LLAMA_SPARSE_SCSA_BLOCK_SIZE=1000): scsa_block_size must be a multiple of scsa_rebuild_interval (512)"),
+]
+
+
+@pytest.mark.parametrize("variables,message", BAD_ENVIRONMENT, ids=[" ".join(f"{k}={v}" for k, v in e.items()) for e, _ in BAD_ENVIRONMENT])
+def test_a_bad_variable_is_refused_by_name_with_no_crash(variables: dict[str, str], message: str, tiny_qwen3: Path,
+                                                         tmp_path: Path) -> None:
+    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(**variables))
+    assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr[-2000:]}"   # refused, not a signal
+    assert message in proc.stderr
+    assert "failed to load the model" in proc.stderr   # the context was never made: no silent dense run
+
+
+# -- llama-cpp-python on the DSO -----------------------------------------------------------------
+
+def _need_llama_cpp_python() -> None:
+    from llama_sparse.bindings import installed_version
+
+    if installed_version() is None:
+        pytest.fail("llama-cpp-python is not installed: run `llama-sparse python-bindings install` (scripts/setup.sh --tests does)")
+
+
+@pytest.mark.parametrize("sparse", [None, "on", "scsa"])
+def test_llama_cpp_pythons_own_vocab_tests_pass_on_our_dso(project, sparse: str | None) -> None:
+    from llama_sparse import bindings
+
+    _need_llama_cpp_python()
+    run = bindings.run_tests(project, lib_dir(), {"LLAMA_SPARSE_ATTN": sparse} if sparse else {})
+    assert run.returncode == 0 and run.failed == 0, run.output[-4000:]
+    assert run.passed >= 8, run.output[-2000:]   # the tokenization test among them runs the native library
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env=_env_without_sparse(LLAMA_CPP_LIB_PATH=str(lib_dir()), **env))
+
+
+def test_sparse_off_is_bit_identical_to_upstreams_dso_and_sparse_reads_less(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """The python-check on the tiny model: llama_cpp.Llama on our DSO, sparse off, gives the
+    logits of upstream's DSO bit for bit; on and SCSA run through the same Llama API, and the one
+    statistics call reports what they read."""
+    _need_llama_cpp_python()
+    proc = subprocess.run([sys.executable, "-m", "llama_sparse", "python-check", "--model", str(tiny_qwen3),
+                           "--context", "2048", "--steps", "8", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, env=_env_without_sparse())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(next(tmp_path.glob("python-check-*.json")).read_text())
+    assert result["identical_rows"] == result["compared_rows"] == 9
+    runs = {(("upstream" if r["upstream"] else "ours"), r["mode"]): r for r in result["runs"]}
+    assert set(runs) == {("upstream", "off"), ("ours", "off"), ("ours", "on"), ("ours", "scsa")}
+    on, scsa = runs[("ours", "on")], runs[("ours", "scsa")]
+    assert on["stats"]["mode"] == "on" and on["stats"]["blocks_visible"] > 0
+    assert 0.0 < on["read_fraction"] < 1.0
+    assert scsa["stats"]["mode"] == "scsa" and scsa["stats"]["scsa_visible_rows"] > 0
+    assert scsa["stats"]["scsa_calibrated"]
+
+
+def test_bad_settings_through_the_api_are_refused_by_name(tiny_qwen3: Path) -> None:
+    code = f"""
+import ctypes, sys
+from llama_sparse.python import make_params, sparse_llama, _library, SparseParams
+import llama_cpp
+try:
+    sparse_llama({str(tiny_qwen3)!r}, sparse=make_params("on", sparse_attn_coverage=2.0), n_ctx=256, verbose=False)
+    print("NOT REFUSED coverage")
+except ValueError as e:
+    print("refused:", e)
+try:
+    make_params("sideways")
+except ValueError as e:
+    print("refused:", e)
+lib = _library()
+p = make_params("scsa", scsa_cluster_size=4)
+err = ctypes.create_string_buffer(256)
+lib.llama_sparse_params_check.argtypes = [ctypes.POINTER(SparseParams), ctypes.c_char_p, ctypes.c_size_t]
+lib.llama_sparse_params_check.restype = ctypes.c_bool
+print("check:", lib.llama_sparse_params_check(ctypes.byref(p), err, len(err)), err.value.decode())
+p.sparse_attn = 7
+print("check:", lib.llama_sparse_params_check(ctypes.byref(p), err, len(err)), err.value.decode())
+# the explicit entry point, with a model llama_cpp loaded: a NULL context, never a crash
+llm = llama_cpp.Llama({str(tiny_qwen3)!r}, n_ctx=256, flash_attn=True, verbose=True)   # verbose: the log reaches stderr
+lib.llama_sparse_init_from_model.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.POINTER(SparseParams)]
+lib.llama_sparse_init_from_model.restype = ctypes.c_void_p
+bad = make_params("on", sparse_attn_block_size=48)
+print("init:", lib.llama_sparse_init_from_model(llm.model, llama_cpp.llama_context_default_params(), ctypes.byref(bad)))
+"""
+    _need_llama_cpp_python()
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "refused: sparse_attn_coverage must be in (0, 1], got 2" in out
+    assert "refused: sparse mode must be one of off, on, auto, scsa, got 'sideways'" in out
+    assert "check: False scsa_cluster_size must be in [8, 4096], got 4" in out
+    assert "check: False sparse_attn must be off, on, auto or scsa, got 7" in out
+    assert "init: None" in out
+    assert "sparse_attn_block_size must be a multiple of 32 in [32, 4096], got 48" in proc.stderr
+
+
+def test_a_bad_variable_under_llama_cpp_python_fails_the_llama_with_the_reason(tiny_qwen3: Path) -> None:
+    _need_llama_cpp_python()
+    code = f"""
+import llama_cpp
+try:
+    # verbose: llama_cpp silences the library's log otherwise, the reason with it
+    llama_cpp.Llama({str(tiny_qwen3)!r}, n_ctx=256, verbose=True)
+    print("NOT REFUSED")
+except ValueError as e:
+    print("refused:", e)
+"""
+    proc = _python(code, LLAMA_SPARSE_ATTN="on", LLAMA_SPARSE_ATTN_SINK="many")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused:" in proc.stdout
+    assert "LLAMA_SPARSE_ATTN_SINK must be an integer in [0, 1048576], got 'many'" in proc.stderr
