@@ -147,8 +147,8 @@ def test_llama_bench_refusals_say_why(tiny_qwen3, tmp_path) -> None:
     assert f"error: --scsa-taus: cannot read '{tmp_path / 'nope.json'}'" in refuses(
         "llama-bench", tiny_qwen3, ["--sparse-attn", "scsa", "--scsa-taus", str(tmp_path / "nope.json")])
     # the library's reason reaches the user although llama-bench keeps its log quiet otherwise
-    msg = refuses("llama-bench", tiny_qwen3, ["-p", "0", "-n", "4", "-d", "64", "-ctk", "q8_0", "--sparse-attn", "scsa"])
-    assert "SCSA reads the KV cache directly and needs it f16; this cache is K q8_0, V f16" in msg
+    msg = refuses("llama-bench", tiny_qwen3, ["-p", "0", "-n", "4", "-d", "64", "-ctk", "q4_0", "--sparse-attn", "scsa"])
+    assert "SCSA reads the KV cache directly and needs it f16 or q8_0; this cache is K q4_0, V f16" in msg
 
 
 def run_logits(model: Path, tmp_path: Path, *args: str, steps: int = 2, ctx: int = 1024,
@@ -185,8 +185,9 @@ def test_range_edges_accepted(args: list[str], tiny_qwen3, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["-ctk", "q8_0", "-ctv", "q8_0"], "SCSA reads the KV cache directly and needs it f16; this cache is K q8_0, V q8_0"),
-    (["-ctk", "q4_0"], "needs it f16; this cache is K q4_0, V f16"),
+    (["-ctk", "q4_0", "-ctv", "q4_0"], "SCSA reads the KV cache directly and needs it f16 or q8_0; this cache is K q4_0, V q4_0"),
+    (["-ctk", "q5_1"], "needs it f16 or q8_0; this cache is K q5_1, V f16"),
+    (["-ctv", "bf16"], "needs it f16 or q8_0; this cache is K f16, V bf16"),
 ])
 def test_kv_type_it_cannot_read_is_refused(args: list[str], message: str, tiny_qwen3, tmp_path) -> None:
     proc = run_logits(tiny_qwen3, tmp_path, *args)

@@ -194,6 +194,9 @@ def run(cfg: CheckConfig, out_dir: Path, upstream_lib: Path, our_lib: Path, log=
     upstream_run = ModeRun(**{**json.loads(proc.stdout.strip().splitlines()[-1]), "upstream": True})
 
     os.environ["LLAMA_CPP_LIB_PATH"] = str(our_lib)
+    # "off" must be off: the LLAMA_SPARSE_* switch would turn it on for our DSO
+    for var in [v for v in os.environ if v.startswith("LLAMA_SPARSE_") and v not in ("LLAMA_SPARSE_CACHE", "LLAMA_SPARSE_ROOT")]:
+        os.environ.pop(var)
     runs = [upstream_run]
     ours_path = out_dir / "llama-sparse-off-logits.npy"
     for mode in MODES:

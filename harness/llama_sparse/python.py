@@ -16,6 +16,7 @@ Without code, `LLAMA_SPARSE_ATTN=on` in the environment does the same for any pr
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -116,7 +117,11 @@ def _loaded_libllama() -> set[str]:
 
 
 def _library() -> ctypes.CDLL:
-    path = library_path()
+    return _open(library_path())
+
+
+@functools.lru_cache(maxsize=None)
+def _open(path: Path) -> ctypes.CDLL:
     # the same file llama_cpp opened: dlopen hands back that library, so these functions act on
     # the very contexts llama_cpp creates
     lib = ctypes.CDLL(str(path))
@@ -153,8 +158,10 @@ def make_params(mode: str = "on", **settings: Any) -> SparseParams:
     for name, value in settings.items():
         if name not in known or name == "sparse_attn":
             raise ValueError(f"unknown sparse setting {name!r}; known: {', '.join(sorted(known - {'sparse_attn'}))}")
-        if name in ("scsa_taus", "scsa_taus_out") and value is not None:
-            value = os.fsencode(value)
+        if name in ("scsa_taus", "scsa_taus_out"):
+            if value is not None and not str(value):
+                raise ValueError(f"{name} needs a file name (None: none)")
+            value = os.fsencode(value) if value is not None else None
         setattr(params, name, value)
     return params
 
@@ -163,7 +170,10 @@ def sparse_llama(model_path: str | os.PathLike, mode: str = "on", *, sparse: Spa
                  **llama_kwargs: Any):
     """A `llama_cpp.Llama` whose context runs sparse attention (`mode` on/auto/scsa, or `sparse`
     from make_params for other settings). Keyword arguments go to Llama; flash attention, which
-    both methods read the cache through, is turned on. A bad setting raises ValueError naming it."""
+    both methods read the cache through, is turned on. A bad setting raises ValueError naming it.
+
+    The settings travel through llama_sparse_set_process_params for the making of this one Llama
+    and are cleared after: make Llamas from one thread at a time."""
     params = sparse if sparse is not None else make_params(mode)
     library_path()  # LLAMA_CPP_LIB_PATH set before llama_cpp is imported
     import llama_cpp
@@ -183,11 +193,17 @@ def sparse_llama(model_path: str | os.PathLike, mode: str = "on", *, sparse: Spa
 def read_stats(llm, seq_id: int = -1, reset: bool = False) -> SparseStats:
     """The sparse statistics of a Llama's context (mode "off" for a dense one)."""
     out = _SparseStats()
-    _library().llama_sparse_get_stats(llm.ctx, seq_id, ctypes.byref(out), reset)
+    _library().llama_sparse_get_stats(_context(llm), seq_id, ctypes.byref(out), reset)
     values = {f.name: getattr(out, f.name) for f in fields(SparseStats) if f.name != "mode"}
     return SparseStats(mode=_MODE_NAMES.get(out.sparse_attn, "off"), **values)
 
 
 def context_mode(llm) -> str:
     """What the Llama's context runs: off, on, auto or scsa."""
-    return _MODE_NAMES.get(_library().llama_sparse_get_params(llm.ctx).sparse_attn, "off")
+    return _MODE_NAMES.get(_library().llama_sparse_get_params(_context(llm)).sparse_attn, "off")
+
+
+def _context(llm) -> int:
+    if not getattr(llm, "ctx", None):
+        raise ValueError("this Llama has no context (closed?)")
+    return llm.ctx
