@@ -217,3 +217,29 @@ except ValueError as e:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused:" in proc.stdout
     assert "LLAMA_SPARSE_ATTN_SINK must be an integer in [0, 1048576], got 'many'" in proc.stderr
+
+
+def test_scsa_from_the_environment_gets_the_one_slot_it_needs(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """llama-server with no flag at all and LLAMA_SPARSE_ATTN=scsa: the automatic slot count
+    becomes 1 (as with --sparse-attn scsa) instead of a refused context."""
+    import time
+
+    from llama_sparse.server import free_port
+
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(binary("llama-server")), "-m", str(tiny_qwen3), "-c", "1024", "--port", str(free_port()),
+                                 "--no-webui", "-lv", "4"], stdout=out, stderr=subprocess.STDOUT,
+                                env=_env_without_sparse(LLAMA_SPARSE_ATTN="scsa"))
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None and "llama_server: listening on" not in log.read_text():
+                time.sleep(0.5)
+            text = log.read_text()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert "llama_server: listening on" in text, text[-3000:]
+    assert "sparse_attn           = scsa" in text
+    assert "n_seq_max             = 1" in text
+    assert "switched on by LLAMA_SPARSE_ATTN=scsa" in text
