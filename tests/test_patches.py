@@ -66,6 +66,53 @@ def test_message_without_trailer_or_why_is_flagged(tmp_path: Path) -> None:
     assert "why" in reasons and "Upstream-Status" in reasons
 
 
+def _patch(path: Path, status: str, diff: str) -> Path:
+    path.write_text("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+                    f"From: a <a@b>\nSubject: [PATCH] {path.stem}\n\nWhy.\n\n"
+                    f"Upstream-Status: {status}\n---\n{diff}")
+    return path
+
+
+_OURS_H = ("diff --git a/include/ours.h b/include/ours.h\nnew file mode 100644\n--- /dev/null\n"
+           "+++ b/include/ours.h\n@@ -0,0 +1,3 @@\n+#define OURS_MAX 4\n+struct ours_stats {\n"
+           "+LLAMA_API bool ours_get_stats(struct ours_stats * out);\n")
+_LOCAL_CPP = ("diff --git a/src/ours.cpp b/src/ours.cpp\n--- a/src/ours.cpp\n+++ b/src/ours.cpp\n"
+              "@@ -1,1 +1,2 @@\n+struct partial { int n; };\n")
+
+
+@pytest.mark.parametrize("uses, flagged", [
+    ("+    ours_get_stats(&st);\n", "ours_get_stats"),
+    ("+    int n = OURS_MAX;\n", "OURS_MAX"),
+    ("+    struct ours_stats st;\n", "ours_stats"),
+    ("+    float partial = 0;\n", None),           # a .cpp's own struct is nobody else's
+    ("+    int unrelated = 1;\n", None),
+])
+def test_pending_patch_may_not_use_what_an_inappropriate_one_added(
+        tmp_path: Path, uses: str, flagged: str | None) -> None:
+    first = _patch(tmp_path / "a.patch", "Inappropriate [ours]", _OURS_H + _LOCAL_CPP)
+    second = _patch(tmp_path / "b.patch", "Pending",
+                    "diff --git a/tools/x.cpp b/tools/x.cpp\n--- a/tools/x.cpp\n+++ b/tools/x.cpp\n"
+                    "@@ -1,1 +1,2 @@\n" + uses)
+    problems = patches.lint_status_order([first, second])
+    if flagged is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].file == "b.patch"
+        assert flagged in problems[0].reason and "a.patch" in problems[0].reason
+    # the same use is fine when what it needs is itself Pending, or comes after it
+    _patch(first, "Pending", _OURS_H + _LOCAL_CPP)
+    assert patches.lint_status_order([first, second]) == []
+
+
+def test_pending_patch_may_not_touch_a_file_an_inappropriate_one_created(tmp_path: Path) -> None:
+    first = _patch(tmp_path / "a.patch", "Inappropriate [ours]", _OURS_H)
+    second = _patch(tmp_path / "b.patch", "Pending",
+                    "diff --git a/include/ours.h b/include/ours.h\n--- a/include/ours.h\n"
+                    "+++ b/include/ours.h\n@@ -1,1 +1,2 @@\n+// more\n")
+    problems = patches.lint_status_order([first, second])
+    assert [p.file for p in problems] == ["b.patch"] and "include/ours.h" in problems[0].reason
+
+
 def test_unlisted_patch_is_flagged(project: Project, tmp_path: Path) -> None:
     copy = scratch_copy(project, tmp_path / "c")
     first = copy.patches_dir / patches.read_series(copy.patches_dir)[0]

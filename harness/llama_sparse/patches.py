@@ -172,6 +172,55 @@ def lint_message(path: Path) -> list[CheckProblem]:
     return problems
 
 
+# What a patch's headers define that a later patch may use: macros, struct/enum tags and
+# functions declared with an export macro (new files count too).
+_DEFINES = (
+    re.compile(r"^\+[ \t]*#[ \t]*define[ \t]+(\w+)", re.M),
+    re.compile(r"^\+[ \t]*(?:typedef[ \t]+)?(?:struct|enum)[ \t]+(\w+)[ \t]*\{", re.M),
+    re.compile(r"^\+[ \t]*(?:LLAMA_API|GGML_API|GGML_BACKEND_API)\b[^(;\n]*?\b(\w+)[ \t]*\(", re.M),
+)
+_NEW_FILE = re.compile(r"^--- /dev/null\n\+\+\+ b/(\S+)$", re.M)
+_TOUCHED = re.compile(r"^diff --git a/(\S+) b/", re.M)
+
+
+def _status(text: str) -> str | None:
+    m = UPSTREAM_STATUS.search(re.split(r"(?m)^---$", text, maxsplit=1)[0])
+    return m.group(1) if m else None
+
+
+def lint_status_order(files: list[Path]) -> list[CheckProblem]:
+    """A Pending patch must be proposable with the Pending patches before it: it may not use a
+    file, macro, type or exported function that an Inappropriate patch before it added."""
+    problems = []
+    ours: dict[str, str] = {}  # what Inappropriate patches added -> the patch that added it
+    for path in files:
+        text = path.read_text(errors="replace")
+        status = _status(text) or ""
+        diff = text.split("\ndiff --git ", 1)[-1] if "\ndiff --git " in text else ""
+        diff = "diff --git " + diff if diff else ""
+        if status == "Pending":
+            added = "\n".join(l[1:] for l in diff.splitlines() if l.startswith("+") and not l.startswith("+++"))
+            used = sorted({n for n in ours if "/" not in n and re.search(rf"\b{re.escape(n)}\b", added)}
+                          | {f for f in _TOUCHED.findall(diff) if f in ours})
+            for name in used:
+                problems.append(CheckProblem(
+                    path.name, f"is Upstream-Status: Pending but uses {name}, which {ours[name]} "
+                               "(Inappropriate) adds: mark it Inappropriate too, or move what it needs "
+                               "into a Pending patch"))
+        elif status.startswith("Inappropriate"):
+            # only what a header declares: a .cpp's own structs and macros are nobody else's
+            for section in re.split(r"(?m)^(?=diff --git )", diff):
+                header = re.match(r"diff --git a/(\S+)", section)
+                if not header or not header.group(1).endswith((".h", ".hpp", ".cuh")):
+                    continue
+                for rx in _DEFINES:
+                    for name in rx.findall(section):
+                        ours.setdefault(name, path.name)
+            for f in _NEW_FILE.findall(diff):
+                ours.setdefault(f, path.name)
+    return problems
+
+
 def _compare_with_vendor(project: Project, vendor: GitRepo, _: Path | None) -> list[CheckProblem]:
     """patches/ must also be what the vendor tree's commits export to, when it holds them.
 
@@ -209,6 +258,7 @@ def check(project: Project, log=print) -> list[CheckProblem]:
     files = series_files(project)
     for f in files:
         problems += lint_message(f)
+    problems += lint_status_order(files)
 
     with tempfile.TemporaryDirectory(prefix="llama-sparse-check-") as tmp:
         fresh = GitRepo(Path(tmp) / "tree")
