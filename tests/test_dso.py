@@ -99,12 +99,16 @@ BAD_ENVIRONMENT = [
     ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_COVERAGE": "2"}, "LLAMA_SPARSE_ATTN_COVERAGE must be a number in (0, 1], got '2'"),
     ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_COVERAGE": "0,5"}, "LLAMA_SPARSE_ATTN_COVERAGE must be a number in (0, 1], got '0,5'"),
     ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_BLOCK_SIZE": "48"}, "LLAMA_SPARSE_ATTN_BLOCK_SIZE must be a multiple of 32 in [32, 4096], got '48'"),
-    ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_TOPK": "-1"}, "LLAMA_SPARSE_ATTN_TOPK must be an integer in [0, 1048576] (0: use the coverage), got '-1'"),
+    ({"LLAMA_SPARSE_ATTN": "on", "LLAMA_SPARSE_ATTN_TOPK": "-1"}, "LLAMA_SPARSE_ATTN_TOPK must be an integer in [0, 1048576], got '-1'"),
     ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_TOLERANCE": "nan"}, "LLAMA_SPARSE_SCSA_TOLERANCE must be a number in (0, 1], got 'nan'"),
     ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_PACKED": "q4_0"}, "LLAMA_SPARSE_SCSA_PACKED must be q8_0 or f16, got 'q4_0'"),
     ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_CALIB_STEPS": "99999999999"}, "LLAMA_SPARSE_SCSA_CALIB_STEPS must be an integer in [0, 4096], got '99999999999'"),
     ({"LLAMA_SPARSE_ATTN": "scsa", "LLAMA_SPARSE_SCSA_BLOCK_SIZE": "1000"},
-     "the LLAMA_SPARSE_* environment (LLAMA_SPARSE_ATTN=scsa LLAMA_SPARSE_SCSA_BLOCK_SIZE=1000): scsa_block_size must be a multiple of scsa_rebuild_interval (512)"),
+     "the LLAMA_SPARSE_* environment (LLAMA_SPARSE_ATTN=scsa LLAMA_SPARSE_SCSA_BLOCK_SIZE=1000): scsa_block_size (--scsa-block-size) "
+     "must be a multiple of scsa_rebuild_interval (--scsa-rebuild-interval, 512)"),
+    ({"LLAMA_SPARSE_ATTN_METHOD": "quest"}, "LLAMA_SPARSE_ATTN_METHOD must be block or scsa, got 'quest'"),
+    ({"LLAMA_SPARSE_ATTN": "auto", "LLAMA_SPARSE_ATTN_METHOD": "scsa"},
+     "sparse_attn (--sparse-attn) auto applies to the block method; SCSA runs on"),
 ]
 
 
@@ -194,12 +198,12 @@ print("init:", lib.llama_sparse_init_from_model(llm.model, llama_cpp.llama_conte
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "refused: sparse_attn_coverage must be in (0, 1], got 2" in out
+    assert "refused: sparse_attn_coverage (--sparse-attn-coverage) must be a number in (0, 1], got 2" in out
     assert "refused: sparse mode must be one of off, on, auto, scsa, got 'sideways'" in out
-    assert "check: False scsa_cluster_size must be in [8, 4096], got 4" in out
-    assert "check: False sparse_attn must be off, on, auto or scsa, got 7" in out
+    assert "check: False scsa_cluster_size (--scsa-cluster-size) must be an integer in [8, 4096], got 4" in out
+    assert "check: False sparse_attn (--sparse-attn) must be off, on, auto or scsa, got 7" in out
     assert "init: None" in out
-    assert "sparse_attn_block_size must be a multiple of 32 in [32, 4096], got 48" in proc.stderr
+    assert "sparse_attn_block_size (--sparse-attn-block-size) must be a multiple of 32 in [32, 4096], got 48" in proc.stderr
 
 
 def test_a_bad_variable_under_llama_cpp_python_fails_the_llama_with_the_reason(tiny_qwen3: Path) -> None:

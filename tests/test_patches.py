@@ -141,3 +141,14 @@ def test_apply_export_round_trip(project: Project, tmp_path: Path) -> None:
     # applying again is a no-op, not a second stack
     patches.apply(copy, log=lambda m: None)
     assert patches.unexported_commits(copy) == []
+
+
+def test_the_generic_supports_op_names_no_backend(project: Project) -> None:
+    """Each backend's supports_op decides what it runs; ggml_backend_dev_supports_op asks the
+    backend (its registry) and never tests a backend's name."""
+    source = (project.vendor_dir / "ggml" / "src" / "ggml-backend.cpp").read_text()
+    start = source.index("bool ggml_backend_dev_supports_op(")
+    body = source[start:source.index("\n}\n", start)]
+    assert "GGML_BACKEND_READS_BLOCK_SEL" in body   # a flash attention with a selection asks the backend
+    for name in ('"CPU"', '"CUDA"', "ggml_backend_reg_name", "ggml_backend_dev_type", "GGML_OP_SCSA_ATTN"):
+        assert name not in body, name

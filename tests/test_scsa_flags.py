@@ -16,31 +16,31 @@ from startup import refuses
 
 pytestmark = pytest.mark.slow
 
-BAD_VALUES = [
-    (["--scsa-tolerance", "0"], "--scsa-tolerance must be a number in (0, 1], got '0'"),
-    (["--scsa-tolerance", "1.5"], "--scsa-tolerance must be a number in (0, 1], got '1.5'"),
-    (["--scsa-tolerance", "low"], "--scsa-tolerance must be a number in (0, 1], got 'low'"),
-    (["--scsa-max-error", "0"], "--scsa-max-error must be a number in (0, 10], got '0'"),
-    (["--scsa-max-error", "10.5"], "--scsa-max-error must be a number in (0, 10], got '10.5'"),
-    (["--scsa-max-error", "half"], "--scsa-max-error must be a number in (0, 10], got 'half'"),
-    (["--scsa-calib-steps", "-1"], "--scsa-calib-steps must be in [0, 4096], got -1"),
-    (["--scsa-calib-steps", "4097"], "--scsa-calib-steps must be in [0, 4096], got 4097"),
-    (["--scsa-packed", "q4_0"], "--scsa-packed takes q8_0 or f16, got 'q4_0'"),
-    (["--scsa-cluster-size", "7"], "--scsa-cluster-size must be in [8, 4096], got 7"),
-    (["--scsa-cluster-size", "4097"], "--scsa-cluster-size must be in [8, 4096], got 4097"),
-    (["--scsa-rebuild-interval", "31"], "--scsa-rebuild-interval must be in [32, 65536], got 31"),
-    (["--scsa-rebuild-interval", "65537"], "--scsa-rebuild-interval must be in [32, 65536], got 65537"),
-    (["--scsa-block-size", "31"],
-     "--scsa-block-size must be in [32, 1048576] and a multiple of --scsa-rebuild-interval, got 31"),
-    (["--scsa-block-size", "1048577"],
-     "--scsa-block-size must be in [32, 1048576] and a multiple of --scsa-rebuild-interval, got 1048577"),
+BAD = [
+    ("--scsa-tolerance", "0", "a number in (0, 1]"),
+    ("--scsa-tolerance", "1.5", "a number in (0, 1]"),
+    ("--scsa-tolerance", "low", "a number in (0, 1]"),
+    ("--scsa-max-error", "0", "a number in (0, 10]"),
+    ("--scsa-max-error", "10.5", "a number in (0, 10]"),
+    ("--scsa-max-error", "half", "a number in (0, 10]"),
+    ("--scsa-calib-steps", "-1", "an integer in [0, 4096]"),
+    ("--scsa-calib-steps", "4097", "an integer in [0, 4096]"),
+    ("--scsa-packed", "q4_0", "q8_0 or f16"),
+    ("--scsa-cluster-size", "7", "an integer in [8, 4096]"),
+    ("--scsa-cluster-size", "4097", "an integer in [8, 4096]"),
+    ("--scsa-rebuild-interval", "31", "an integer in [32, 65536]"),
+    ("--scsa-rebuild-interval", "65537", "an integer in [32, 65536]"),
+    ("--scsa-block-size", "31", "an integer in [32, 1048576]"),
+    ("--scsa-block-size", "1048577", "an integer in [32, 1048576]"),
+    ("--scsa-sink", "-1", "an integer in [0, 65536]"),
+    ("--scsa-sink", "65537", "an integer in [0, 65536]"),
+    ("--scsa-recent", "-1", "an integer in [0, 65536]"),
+    ("--scsa-recent", "65537", "an integer in [0, 65536]"),
+    ("--scsa-taus", "", "a file name"),
+]
+BAD_VALUES = [([flag, value], f"{flag} must be {accepted}, got '{value}'") for flag, value, accepted in BAD] + [
     (["--sparse-attn", "scsa", "--scsa-block-size", "1000"],
-     "--scsa-block-size (1000) must be a multiple of --scsa-rebuild-interval (512)"),
-    (["--scsa-sink", "-1"], "--scsa-sink must be in [0, 65536], got -1"),
-    (["--scsa-sink", "65537"], "--scsa-sink must be in [0, 65536], got 65537"),
-    (["--scsa-recent", "-1"], "--scsa-recent must be in [0, 65536], got -1"),
-    (["--scsa-recent", "65537"], "--scsa-recent must be in [0, 65536], got 65537"),
-    (["--scsa-taus", ""], "--scsa-taus needs a file name"),
+     "scsa_block_size (--scsa-block-size) must be a multiple of scsa_rebuild_interval (--scsa-rebuild-interval, 512), got 1000"),
     (["--sparse-attn", "scsa", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
 ]
 
@@ -69,16 +69,17 @@ def test_the_default_tolerance_is_the_one_that_kept_the_needles() -> None:
     for tool in ("llama-server", "llama-bench"):
         out = subprocess.run([str(binary(tool)), "--help"], capture_output=True, text=True, timeout=60)
         # llama-server wraps its help: the default may stand on the flag's next line
-        found = re.search(r"--scsa-tolerance \S+\s.*?\(default: ([0-9.]+)\)", out.stdout + out.stderr, re.S)
+        found = re.search(r"--scsa-tolerance \S+\s.*?default: ([0-9.]+)\)", out.stdout + out.stderr, re.S)
         assert found and found.group(1) == "0.0125", (tool, found and found.group(0))
 
 
-def test_llama_bench_help_lists_every_flag_but_taus_out() -> None:
+def test_llama_bench_help_lists_every_flag() -> None:
     out = subprocess.run([str(binary("llama-bench")), "--help"], capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
-    for flag in ("--sparse-attn <off|on|auto|scsa>", "--scsa-tolerance", "--scsa-max-error", "--scsa-calib-steps",
-                 "--scsa-taus ", "--scsa-hierarchical", "--scsa-packed", "--scsa-cluster-size", "--scsa-rebuild-interval",
-                 "--scsa-block-size", "--scsa-sink", "--scsa-recent"):
+    for flag in ("--sparse-attn <off|on|auto|scsa>", "--sparse-attn-method <block|scsa>", "--scsa-tolerance",
+                 "--scsa-max-error", "--scsa-calib-steps", "--scsa-taus ", "--scsa-taus-out", "--scsa-hierarchical",
+                 "--scsa-packed", "--scsa-cluster-size", "--scsa-rebuild-interval", "--scsa-block-size", "--scsa-sink",
+                 "--scsa-recent"):
         assert flag in text, flag
 
 
@@ -263,3 +264,27 @@ def test_unwritable_taus_out_refused_before_any_work(tiny_qwen3, tmp_path) -> No
     proc = run_logits(tiny_qwen3, tmp_path, "--scsa-taus-out", str(tmp_path / "no" / "such" / "dir" / "t.json"))
     assert proc.returncode != 0
     assert "cannot write the taus file" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--sparse-attn", "scsa"], ["--sparse-attn", "on", "--sparse-attn-method", "scsa"],
+                                  ["--sparse-attn-method", "scsa", "--sparse-attn", "on"]],
+                         ids=["short", "on then method", "method then on"])
+def test_the_method_flag_selects_scsa(args: list[str], tiny_qwen3, start_server) -> None:
+    """--sparse-attn says when, --sparse-attn-method which; in either order they serve SCSA, as the
+    short form does (one slot, its per-request line)."""
+    from llama_sparse.server import ServerConfig
+
+    server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=2048, extra_args=args))
+    assert server.complete("The grass is green. " * 40, n_predict=8)["tokens_predicted"] == 8
+    log = server.wait_log("scsa: decode read")
+    assert "taus frozen" in log or "calibrating" in log
+    assert "of the visible KV blocks" not in log   # not the block method
+
+
+def test_the_method_alone_does_not_switch_sparse_attention_on(tiny_qwen3, start_server) -> None:
+    from llama_sparse.server import ServerConfig
+
+    server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=2048, extra_args=["--sparse-attn-method", "scsa"]))
+    assert server.complete("The grass is green. " * 40, n_predict=4)["tokens_predicted"] == 4
+    log = server.wait_log("total time")
+    assert "scsa: decode read" not in log and "of the visible KV blocks" not in log

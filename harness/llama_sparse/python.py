@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-MODES = {"off": 0, "on": 1, "auto": 2, "scsa": 3}
-_MODE_NAMES = {v: k for k, v in MODES.items()}
+# a mode as the --sparse-attn flag names it: (when, which) of llama_sparse_params
+MODES = {"off": (0, 0), "on": (1, 0), "auto": (2, 0), "scsa": (1, 1)}
 GGML_TYPE_F16 = 1
 GGML_TYPE_Q8_0 = 8
 
@@ -33,6 +33,7 @@ class SparseParams(ctypes.Structure):
 
     _fields_ = [
         ("sparse_attn", ctypes.c_int),
+        ("method", ctypes.c_int),
         ("sparse_attn_block_size", ctypes.c_int32),
         ("sparse_attn_topk", ctypes.c_int32),
         ("sparse_attn_coverage", ctypes.c_float),
@@ -59,6 +60,7 @@ class _SparseStats(ctypes.Structure):
 
     _fields_ = [
         ("sparse_attn", ctypes.c_int),
+        ("method", ctypes.c_int),
         ("blocks_read", ctypes.c_uint64),
         ("blocks_visible", ctypes.c_uint64),
         ("scsa_calls", ctypes.c_int64),
@@ -153,11 +155,11 @@ def make_params(mode: str = "on", **settings: Any) -> SparseParams:
     if mode not in MODES:
         raise ValueError(f"sparse mode must be one of {', '.join(MODES)}, got {mode!r}")
     params = _library().llama_sparse_default_params()
-    params.sparse_attn = MODES[mode]
-    known = {name for name, _ in SparseParams._fields_}
+    params.sparse_attn, params.method = MODES[mode]
+    known = {name for name, _ in SparseParams._fields_} - {"sparse_attn", "method"}
     for name, value in settings.items():
-        if name not in known or name == "sparse_attn":
-            raise ValueError(f"unknown sparse setting {name!r}; known: {', '.join(sorted(known - {'sparse_attn'}))}")
+        if name not in known:
+            raise ValueError(f"unknown sparse setting {name!r}; known: {', '.join(sorted(known))}")
         if name in ("scsa_taus", "scsa_taus_out"):
             if value is not None and not str(value):
                 raise ValueError(f"{name} needs a file name (None: none)")
@@ -195,12 +197,19 @@ def read_stats(llm, seq_id: int = -1, reset: bool = False) -> SparseStats:
     out = _SparseStats()
     _library().llama_sparse_get_stats(_context(llm), seq_id, ctypes.byref(out), reset)
     values = {f.name: getattr(out, f.name) for f in fields(SparseStats) if f.name != "mode"}
-    return SparseStats(mode=_MODE_NAMES.get(out.sparse_attn, "off"), **values)
+    return SparseStats(mode=_mode_name(out.sparse_attn, out.method), **values)
 
 
 def context_mode(llm) -> str:
     """What the Llama's context runs: off, on, auto or scsa."""
-    return _MODE_NAMES.get(_library().llama_sparse_get_params(_context(llm)).sparse_attn, "off")
+    params = _library().llama_sparse_get_params(_context(llm))
+    return _mode_name(params.sparse_attn, params.method)
+
+
+def _mode_name(sparse_attn: int, method: int) -> str:
+    if sparse_attn == 0:
+        return "off"
+    return next((name for name, pair in MODES.items() if pair == (sparse_attn, method)), f"unknown ({sparse_attn}, {method})")
 
 
 def _context(llm) -> int:

@@ -1,0 +1,162 @@
+"""One table of sparse settings in libllama: every flag of every tool, every LLAMA_SPARSE_*
+variable and llama_sparse_params_check take their names, ranges and defaults from it, so a range
+is written once and every entry point refuses the same values with the same words."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import subprocess
+
+import pytest
+
+from llama_sparse.binaries import binary, lib_dir
+from llama_sparse.python import SparseParams
+
+pytestmark = pytest.mark.slow
+
+
+class _Setting(ctypes.Structure):
+    _fields_ = [("flag", ctypes.c_char_p), ("env", ctypes.c_char_p), ("value_hint", ctypes.c_char_p),
+                ("accepted", ctypes.c_char_p), ("help", ctypes.c_char_p)]
+
+
+@functools.lru_cache(maxsize=None)
+def _lib() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(lib_dir() / "libllama.so"))
+    lib.llama_sparse_n_settings.restype = ctypes.c_size_t
+    lib.llama_sparse_setting_get.argtypes = [ctypes.c_size_t]
+    lib.llama_sparse_setting_get.restype = ctypes.POINTER(_Setting)
+    lib.llama_sparse_default_params.restype = SparseParams
+    lib.llama_sparse_params_set.argtypes = [ctypes.POINTER(SparseParams), ctypes.c_char_p, ctypes.c_char_p,
+                                            ctypes.c_char_p, ctypes.c_size_t]
+    lib.llama_sparse_params_set.restype = ctypes.c_bool
+    lib.llama_sparse_params_check.argtypes = [ctypes.POINTER(SparseParams), ctypes.c_char_p, ctypes.c_size_t]
+    lib.llama_sparse_params_check.restype = ctypes.c_bool
+    lib.llama_sparse_params_size.restype = ctypes.c_size_t
+    assert lib.llama_sparse_params_size() == ctypes.sizeof(SparseParams), "the Python mirror and the library differ"
+    return lib
+
+
+def _rows() -> list[dict[str, str | None]]:
+    lib = _lib()
+    rows = []
+    for i in range(lib.llama_sparse_n_settings()):
+        r = lib.llama_sparse_setting_get(i).contents
+        rows.append({k: (getattr(r, k).decode() if getattr(r, k) is not None else None)
+                     for k in ("flag", "env", "value_hint", "accepted", "help")})
+    assert not lib.llama_sparse_setting_get(len(rows)), "a row past the end"
+    return rows
+
+
+def _set(params: SparseParams, name: str, value: str) -> tuple[bool, str]:
+    err = ctypes.create_string_buffer(512)
+    ok = _lib().llama_sparse_params_set(ctypes.byref(params), name.encode(), value.encode(), err, len(err))
+    return ok, err.value.decode()
+
+
+def _check(params: SparseParams) -> tuple[bool, str]:
+    err = ctypes.create_string_buffer(512)
+    ok = _lib().llama_sparse_params_check(ctypes.byref(params), err, len(err))
+    return ok, err.value.decode()
+
+
+def test_the_table_names_every_setting_once() -> None:
+    rows = _rows()
+    flags = [r["flag"] for r in rows]
+    assert len(flags) == len(set(flags)) and len({r["env"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["flag"].startswith(("--sparse-attn", "--scsa-")), r
+        assert r["env"].startswith("LLAMA_SPARSE_"), r
+        # the accepted values, and the default where there is one, end every help
+        assert re.search(re.escape(f" ({r['accepted']}") + r"(; default: [^;]+)?\)$", r["help"]), r
+    by_flag = {r["flag"]: r for r in rows}
+    assert "default: 0.625)" in by_flag["--sparse-attn-coverage"]["help"]
+    assert "default: 32)" in by_flag["--sparse-attn-block-size"]["help"]
+    assert "default: 0.0125)" in by_flag["--scsa-tolerance"]["help"]
+    assert by_flag["--scsa-hierarchical"]["value_hint"] is None   # a switch
+
+
+@pytest.mark.parametrize("tool", ["llama-server", "llama-bench"])
+def test_every_tool_offers_every_row(tool: str) -> None:
+    out = subprocess.run([str(binary(tool)), "--help"], capture_output=True, text=True, timeout=60)
+    text = " ".join((out.stdout + out.stderr).split())
+    for r in _rows():
+        assert r["flag"] in text, (tool, r["flag"])
+        # the help as the table words it (llama-server wraps lines: compare with whitespace folded)
+        assert " ".join(r["help"].split()) in text, (tool, r["flag"])
+
+
+# (name, bad value, the value the field would hold, field): the same refusal through the flag,
+# the variable and the struct check
+BAD = [
+    ("--sparse-attn-block-size", "48", 48, "sparse_attn_block_size"),
+    ("--sparse-attn-coverage", "1.5", 1.5, "sparse_attn_coverage"),
+    ("--sparse-attn-topk", "-1", -1, "sparse_attn_topk"),
+    ("--sparse-attn-min-kv", "16777217", 16777217, "sparse_attn_min_kv"),
+    ("--scsa-cluster-size", "7", 7, "scsa_cluster_size"),
+    ("--scsa-max-error", "11", 11.0, "scsa_max_error"),
+    ("--scsa-rebuild-interval", "31", 31, "scsa_rebuild_interval"),
+]
+
+
+@pytest.mark.parametrize("flag,text,value,field", BAD, ids=[b[0] for b in BAD])
+def test_flag_variable_and_struct_refuse_alike(flag: str, text: str, value, field: str) -> None:
+    row = next(r for r in _rows() if r["flag"] == flag)
+    accepted = row["accepted"]
+    for name in (flag, row["env"]):
+        params = _lib().llama_sparse_default_params()
+        ok, err = _set(params, name, text)
+        assert not ok and err == f"{name} must be {accepted}, got '{text}'", err
+    # the struct filled by hand: the check names the field, the flag and the same range
+    params = _lib().llama_sparse_default_params()
+    params.sparse_attn = 1
+    params.method = 1 if flag.startswith("--scsa-") else 0
+    setattr(params, field, value)
+    ok, err = _check(params)
+    assert not ok and err.startswith(f"{field} ({flag}) must be {accepted}, got "), err
+
+
+def test_a_value_the_flag_accepts_the_check_accepts() -> None:
+    for r in _rows():
+        params = _lib().llama_sparse_default_params()
+        if r["value_hint"] is None:
+            value = "1"
+        else:
+            default = re.search(r"; default: ([^;]+)\)$", r["help"])
+            value = default.group(1) if default else "taus.json"
+        ok, err = _set(params, r["flag"], value)
+        assert ok, (r["flag"], value, err)
+        assert _check(params) == (True, ""), r["flag"]
+
+
+def test_the_method_is_separate_from_when_it_runs() -> None:
+    params = _lib().llama_sparse_default_params()
+    assert (params.sparse_attn, params.method) == (0, 0)   # off, block
+    assert _set(params, "--sparse-attn-method", "scsa")[0]
+    assert (params.sparse_attn, params.method) == (0, 1)   # still off: the method says which, not when
+    assert _set(params, "--sparse-attn", "on")[0]
+    assert (params.sparse_attn, params.method) == (1, 1)
+    # "scsa" is short for on with the SCSA method
+    params = _lib().llama_sparse_default_params()
+    assert _set(params, "LLAMA_SPARSE_ATTN", "scsa")[0]
+    assert (params.sparse_attn, params.method) == (1, 1)
+    # auto is the block method's: SCSA calibrates on its first decode steps and runs on
+    assert _set(params, "--sparse-attn", "auto")[0]
+    ok, err = _check(params)
+    assert not ok and "auto applies to the block method" in err
+    # the other method's settings are not checked: a block setting out of range does not refuse SCSA
+    params = _lib().llama_sparse_default_params()
+    params.sparse_attn, params.method, params.sparse_attn_block_size = 1, 1, 48
+    assert _check(params) == (True, "")
+    params.method = 0
+    assert not _check(params)[0]
+
+
+def test_a_refused_text_leaves_the_params_as_they_were() -> None:
+    params = _lib().llama_sparse_default_params()
+    before = bytes(params)
+    assert not _set(params, "--sparse-attn-block-size", "48")[0]
+    assert not _set(params, "--no-such-setting", "1")[0]
+    assert bytes(params) == before
