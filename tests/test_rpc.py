@@ -1,10 +1,12 @@
 """Across machines: llama.cpp's RPC backend runs the patched graph with sparse attention on.
 
 A `ggml-rpc-server` on 127.0.0.1 takes every layer (-ngl 99): weights, the KV cache and the key
-bounds live on the RPC device, fill and select run there. The masked flash attention stays on
-the local CPU, because an RPC device cannot tell what the remote backend would do with the
-block selection and our guard refuses it to every non-CPU device (62 graph splits per decode
-step instead of 2). The logits of every step must equal the local run's, bit for bit.
+bounds live on the RPC device, fill and select run there, and so does the flash attention that
+reads the selection when the server is a build of this patch set (its protocol version says so).
+A server of another build would ignore the selection, so there the attention stays on a local
+device and the scheduler copies the K/V views it reads every step, with a warning that says so
+(`GGML_RPC_SPARSE_LOCAL=1` forces that path). The logits of every step must equal the local
+run's, bit for bit, on both paths.
 """
 
 from __future__ import annotations
@@ -73,6 +75,33 @@ def test_rpc_run_equals_local_run(smollm2: Path, tmp_path: Path, rpc_server: str
     if arm[1] == "on":
         assert re.search(r"sparse_attn_init: RPC0\[127\.0\.0\.1:\d+\] sparse-attention key bounds", log)
     assert len(local) > 1000 and local == remote
+
+
+def _loopback_bytes() -> int:
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        if line.strip().startswith("lo:"):
+            return int(line.split(":")[1].split()[0])
+    pytest.skip("no loopback counters in /proc/net/dev")
+
+
+def test_the_selection_runs_on_a_server_of_this_build_and_stays_local_with_another(
+        smollm2: Path, tmp_path: Path, rpc_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    arm = ["--sparse-attn", "on", "--rpc", rpc_server, "-ngl", "99"]
+    local, _ = logits(smollm2, tmp_path, "local", "--sparse-attn", "on")
+    b0 = _loopback_bytes()
+    remote, log = logits(smollm2, tmp_path, "rpc", *arm)
+    b1 = _loopback_bytes()
+    assert "makes sparse attention slower there" not in log
+    monkeypatch.setenv("GGML_RPC_SPARSE_LOCAL", "1")   # as a server of another build is treated
+    fallback, fallback_log = logits(smollm2, tmp_path, "rpc-local-fa", *arm)
+    b2 = _loopback_bytes()
+    assert "flash attention with a block selection runs on a local device" in fallback_log
+    assert local == remote == fallback
+    # the fallback copies every layer's K and V views each decode step (3000 cells x 3 KV heads x
+    # 64 x f16 x 2, 30 layers: about 70 MB a step); on the server nothing but the graph and the
+    # outputs travel: the weights (about 270 MB) dominate the remote run's bytes
+    remote_bytes, fallback_bytes = b1 - b0, b2 - b1
+    assert fallback_bytes > remote_bytes + 12 * 40_000_000, (remote_bytes, fallback_bytes)
 
 
 def test_rpc_protocol_version_bumped_for_the_new_ops(project) -> None:
