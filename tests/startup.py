@@ -15,3 +15,9 @@ def refuses(tool: str, model: Path, args: list[str], env: dict[str, str] | None 
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
     assert proc.returncode != 0, f"{tool} {' '.join(args)} started"
     return proc.stderr + proc.stdout
+
+
+def refusals(rows: list[tuple[str, str, str]]) -> list[tuple[list[str], str]]:
+    """(flag, bad value, what it must be) -> (args, the message every tool prints): libllama's
+    settings table words them all alike."""
+    return [([flag, value], f"{flag} must be {accepted}, got '{value}'") for flag, value, accepted in rows]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llama_sparse.binaries import binary
-from startup import refuses
+from startup import refuses, refusals
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ BAD = [
     ("--scsa-recent", "65537", "an integer in [0, 65536]"),
     ("--scsa-taus", "", "a file name"),
 ]
-BAD_VALUES = [([flag, value], f"{flag} must be {accepted}, got '{value}'") for flag, value, accepted in BAD] + [
+BAD_VALUES = refusals(BAD) + [
     (["--sparse-attn", "scsa", "--scsa-block-size", "1000"],
      "scsa_block_size (--scsa-block-size) must be a multiple of scsa_rebuild_interval (--scsa-rebuild-interval, 512), got 1000"),
     (["--sparse-attn", "scsa", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from llama_sparse.binaries import binary
-from startup import refuses
+from startup import refuses, refusals
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ BAD = [
     ("--sparse-attn-min-kv", "16777217", "an integer in [0, 16777216]"),
     ("--sparse-attn-min-kv", "-1", "an integer in [0, 16777216]"),
 ]
-BAD_VALUES = [([flag, value], f"{flag} must be {accepted}, got '{value}'") for flag, value, accepted in BAD] + [
+BAD_VALUES = refusals(BAD) + [
     (["--sparse-attn", "on", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
     (["--sparse-attn", "auto", "--sparse-attn-method", "scsa"],
      "sparse_attn (--sparse-attn) auto applies to the block method; SCSA runs on"),

@@ -192,32 +192,32 @@ def lint_status_order(files: list[Path]) -> list[CheckProblem]:
     """A Pending patch must be proposable with the Pending patches before it: it may not use a
     file, macro, type or exported function that an Inappropriate patch before it added."""
     problems = []
-    ours: dict[str, str] = {}  # what Inappropriate patches added -> the patch that added it
+    our_names: dict[str, str] = {}  # what Inappropriate patches' headers define -> the patch
+    our_files: dict[str, str] = {}  # the files they create -> the patch
     for path in files:
         text = path.read_text(errors="replace")
         status = _status(text) or ""
-        diff = text.split("\ndiff --git ", 1)[-1] if "\ndiff --git " in text else ""
-        diff = "diff --git " + diff if diff else ""
+        start = text.find("\ndiff --git ")
+        diff = text[start + 1:] if start >= 0 else ""
         if status == "Pending":
             added = "\n".join(l[1:] for l in diff.splitlines() if l.startswith("+") and not l.startswith("+++"))
-            used = sorted({n for n in ours if "/" not in n and re.search(rf"\b{re.escape(n)}\b", added)}
-                          | {f for f in _TOUCHED.findall(diff) if f in ours})
-            for name in used:
+            used = sorted([(n, p) for n, p in our_names.items() if re.search(rf"\b{re.escape(n)}\b", added)] +
+                          [(f, our_files[f]) for f in _TOUCHED.findall(diff) if f in our_files])
+            for name, source in used:
                 problems.append(CheckProblem(
-                    path.name, f"is Upstream-Status: Pending but uses {name}, which {ours[name]} "
+                    path.name, f"is Upstream-Status: Pending but uses {name}, which {source} "
                                "(Inappropriate) adds: mark it Inappropriate too, or move what it needs "
                                "into a Pending patch"))
         elif status.startswith("Inappropriate"):
             # only what a header declares: a .cpp's own structs and macros are nobody else's
             for section in re.split(r"(?m)^(?=diff --git )", diff):
                 header = re.match(r"diff --git a/(\S+)", section)
-                if not header or not header.group(1).endswith((".h", ".hpp", ".cuh")):
-                    continue
-                for rx in _DEFINES:
-                    for name in rx.findall(section):
-                        ours.setdefault(name, path.name)
+                if header and header.group(1).endswith((".h", ".hpp", ".cuh")):
+                    for rx in _DEFINES:
+                        for name in rx.findall(section):
+                            our_names.setdefault(name, path.name)
             for f in _NEW_FILE.findall(diff):
-                ours.setdefault(f, path.name)
+                our_files.setdefault(f, path.name)
     return problems
 
 
