@@ -1,4 +1,4 @@
-"""The KV cache life cycle with block-sparse attention on: the key bounds never go stale.
+"""The KV cache life cycle with sparse attention on: the key bounds and SCSA's plans never go stale.
 
 `llama-sparse-cachecheck` (tools/cachecheck) runs prompt-cache reuse, sequence removal,
 context shift, slot save and restore and seq_keep the way llama-server does, teacher-forced on
@@ -10,6 +10,11 @@ after a restore (both measured while writing the fix): these tests fail on eithe
 
 Select-all sparse against dense is bit-identical across every operation: the logits of every
 decode step hash the same.
+
+SCSA with two sequences, a KV stream each (as it serves --parallel N), decoded one at a time and
+both in every micro-batch: after every operation llama_scsa_check_plans compares each planned row
+with the cache (a row whose cell is gone, or whose packed copy is not what the cache holds now,
+is stale) and with tau 0 (every cluster opened) every step's logits are dense's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llama_sparse.binaries import binary
@@ -25,12 +31,21 @@ from llama_sparse.gates.texts import reference_text
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = {"prompt-reuse", "seq-removal", "context-shift", "save-restore", "seq-keep", "first-cell-reuse"}
+SCENARIOS = {"prompt-reuse", "seq-removal", "context-shift", "save-restore", "seq-keep", "first-cell-reuse",
+             "batched-pair"}
 
 
 def cachecheck(model: Path, tmp_path: Path, *flags: str, prompt_tokens: int = 1000) -> dict:
     out = cachecheck_run(model, tmp_path, *flags, prompt_tokens=prompt_tokens)
     return {s["name"]: s for s in out["scenarios"]}
+
+
+def step_logits(path: Path, scenarios: dict) -> np.ndarray:
+    """The logits file of --cc-logits as [steps, vocab], steps in the order the scenarios ran."""
+    n_steps = sum(len(s["steps"]) for s in scenarios.values())
+    data = np.fromfile(path, dtype=np.float32)
+    assert n_steps > 0 and data.size % n_steps == 0, (data.size, n_steps)
+    return data.reshape(n_steps, -1)
 
 
 def cachecheck_run(model: Path, tmp_path: Path, *flags: str, prompt_tokens: int = 1000) -> dict:
@@ -103,3 +118,57 @@ def test_gemma3_global_layers_keep_exact_bounds(gemma3: Path, tmp_path: Path) ->
     for name in SCENARIOS:
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
     assert_bounds_exact(select_all)
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_qwen3"])
+def test_select_all_equals_dense_with_a_kv_stream_per_sequence(request, tmp_path: Path, model_fixture: str) -> None:
+    model = request.getfixturevalue(model_fixture)
+    dense = cachecheck(model, tmp_path, "--cc-kv-per-seq", "--sparse-attn", "off", prompt_tokens=600)
+    select_all = cachecheck(model, tmp_path, "--cc-kv-per-seq", "--sparse-attn", "on", "--sparse-attn-topk", "100000",
+                            prompt_tokens=600)
+    for name in SCENARIOS:
+        assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
+    assert_bounds_exact(select_all)
+
+
+# small plans, so that a 600-token prompt holds several regions and many clusters to cut through
+SCSA_SMALL_PLANS = ("--scsa-rebuild-interval", "128", "--scsa-block-size", "512", "--scsa-cluster-size", "32")
+
+
+def test_scsa_plans_follow_two_sequences_through_every_cache_operation(tiny_qwen3: Path, tmp_path: Path) -> None:
+    n_layer, n_head = 2, 8
+    tau0 = tmp_path / "tau0.json"
+    tau0.write_text(json.dumps({f"{il}:{h}": 0.0 for il in range(n_layer) for h in range(n_head)}))
+    dense_out = cachecheck_run(tiny_qwen3, tmp_path, "--cc-kv-per-seq", "--cc-logits", str(tmp_path / "dense.bin"),
+                               "--sparse-attn", "off", prompt_tokens=600)
+    scsa_out = cachecheck_run(tiny_qwen3, tmp_path, "--cc-kv-per-seq", "--cc-logits", str(tmp_path / "scsa.bin"),
+                              "--sparse-attn", "scsa", "--scsa-packed", "f16", "--scsa-taus", str(tau0),
+                              *SCSA_SMALL_PLANS, prompt_tokens=600)
+    dense = {s["name"]: s for s in dense_out["scenarios"]}
+    scsa = {s["name"]: s for s in scsa_out["scenarios"]}
+
+    # plans never stale, and there were plans to check after every decode
+    for name, s in scsa.items():
+        assert not dense[name]["plan_checks"]   # off: no plans
+        assert s["plan_checks"], f"{name}: no plan check ran (is SCSA on?)"
+        for c in s["plan_checks"]:
+            assert c["stale"] == 0, f"{name}: after {c['after']}: {c['stale']} planned rows no longer match the cache"
+        # checked after a decode over a prefix of cells (after a context shift the discarded cells
+        # are holes until refilled, and decode runs exact meanwhile; seq-keep checks before decoding)
+        if name not in ("context-shift", "seq-keep"):
+            assert max(c["rows"] for c in s["plan_checks"]) > 0, f"{name}: no plan was ever built"
+    checks = {c["after"]: c["rows"] for c in scsa["batched-pair"]["plan_checks"]}
+    # sequence 1's suffix cut: its plans go, sequence 0's (another stream) stay
+    assert 0 < checks["seq_rm of sequence 1's suffix"] < checks["both decoded together"], checks
+    # after the copy both streams hold sequence 0's plans, rebuilt from the copied cells
+    assert checks["sequence 0 copied to 1, both decoded"] > checks["a new suffix, both decoded"], checks
+
+    # tau 0 with f16 packing is dense attention over the same cache: the same token at every
+    # step, the logits within the rounding of another summation order (dense accumulates V in
+    # f16: up to ~5e-3 on this model)
+    a = step_logits(tmp_path / "dense.bin", dense)
+    b = step_logits(tmp_path / "scsa.bin", scsa)
+    for name in SCENARIOS:
+        assert dense[name]["argmax"] == scsa[name]["argmax"], f"{name}: tau-0 SCSA chose other tokens than dense"
+    diff = np.abs(a - b).max(axis=1)
+    assert diff.max() < 0.02, f"step {int(diff.argmax())}: logits differ by {diff.max()}"

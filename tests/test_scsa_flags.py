@@ -1,7 +1,7 @@
 """SCSA's flags and start-up checks: every --scsa-* flag refuses a bad value naming the flag and
-its range, the range edges are accepted and decode, and what the operator cannot serve (a KV
-type it cannot read, several sequences, flash attention off, a recurrent model, a malformed
-taus file) is refused with the reason."""
+its range, the range edges are accepted and decode, several slots are served with a KV cache
+each, and what the operator cannot serve (a KV type it cannot read, slots sharing one unified
+cache, flash attention off, a recurrent model, a malformed taus file) is refused with the reason."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 
 from llama_sparse.binaries import binary
+from llama_sparse.server import ServerConfig
 from startup import refuses, refusals
 
 pytestmark = pytest.mark.slow
+
+SCSA_LINE = re.compile(r"scsa: decode read\s+([0-9.]+)% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\); "
+                       r"calls (\d+),")
 
 BAD = [
     ("--scsa-tolerance", "0", "a number in (0, 1]"),
@@ -196,11 +200,43 @@ def test_kv_type_it_cannot_read_is_refused(args: list[str], message: str, tiny_q
     assert message in proc.stderr
 
 
-def test_several_slots_refused(tiny_qwen3) -> None:
+def test_several_slots_in_one_unified_cache_refused(tiny_qwen3) -> None:
+    # SCSA plans each sequence in its own KV stream: a cache shared by the slots mixes their cells
     proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_qwen3), "--sparse-attn", "scsa", "-np", "2",
-                           "--port", "1"], capture_output=True, text=True, timeout=60)
+                           "--kv-unified", "--port", "1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
-    assert "--sparse-attn scsa serves one sequence: use --parallel 1 (got 2)" in proc.stderr
+    assert ("--sparse-attn scsa plans each slot's sequence in a KV cache of its own, and --kv-unified shares one "
+            "among the 2 slots: use --no-kv-unified, or --parallel 1") in proc.stderr
+
+
+def test_several_slots_served_with_a_cache_each(tiny_qwen3, start_server) -> None:
+    """--parallel 4 (a cache per slot, llama.cpp's default with an explicit slot count): two
+    requests at once decode in the same micro-batches, and each slot's log line counts its own
+    request's reads, not the other's."""
+    import concurrent.futures
+
+    from llama_sparse.gates import texts
+
+    server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, parallel=4, threads=2,
+                                       extra_args=["--sparse-attn", "scsa", "--scsa-calib-steps", "0",
+                                                   "--scsa-rebuild-interval", "128", "--scsa-block-size", "512",
+                                                   "--scsa-cluster-size", "32"]), "scsa-np4")
+    text = texts.reference_text()
+    prompts = [server.tokenize(text[i * 6000:(i + 1) * 6000])[:n] for i, n in enumerate((1500, 700))]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda p: server.complete(p, n_predict=24, ignore_eos=True), prompts))
+    assert all(a["tokens_predicted"] == 24 for a in answers)
+    lines = SCSA_LINE.findall(server.wait_log("scsa: decode read", count=2))
+    assert len(lines) == 2
+    # the rows one call (a query head's attention for one token) saw, on average: its own
+    # sequence's context, between the prompt and the prompt plus the tokens generated. A line
+    # counting both slots would average the two contexts and miss both ranges. (A token of one
+    # slot's prompt can share a micro-batch with the other's decode and go through the plans:
+    # the calls counted, not a fixed step count, are the divisor)
+    per_call = sorted((int(line[3]) / int(line[4]), int(line[4])) for line in lines)
+    for (mean, calls), n in zip(per_call, sorted(len(p) for p in prompts)):
+        assert calls >= 2 * 8 * 23, per_call          # 23 decode steps, 2 layers, 8 heads at least
+        assert n <= mean <= n + 24, (per_call, [len(p) for p in prompts])
 
 
 @pytest.fixture(scope="module")
