@@ -40,7 +40,9 @@ class FakeServer:
         return {"content": prompt[-20:], "timings": {"prompt_n": self.prompt_n}}
 
 
-def run_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, behaviour: dict[str, tuple[int | None, int]]):
+def run_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, behaviour: dict[str, tuple[int | None, int]],
+               configs: list[ServerConfig] | None = None):
+    configs = [] if configs is None else configs
     gate = tmp_path / "g.yaml"
     gate.write_text("kind: niah\nmodels: [tiny-qwen3]\ncontext_lengths: [1024]\nsamples: 3\n"
                     "tasks: [niah_single_2]\nshared_prefill: true\narms: [dense, {name: sparse, flags: []}]\n")
@@ -49,7 +51,7 @@ def run_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, behaviour: dict[
         ctx.out_dir.mkdir()
         monkeypatch.setattr(ctx, "server_config", lambda arm, *a, **k: ServerConfig(model=Path(arm.name)))
         monkeypatch.setattr(needles, "ServerProcess",
-                            lambda cfg, log: FakeServer(cfg.model.name, *behaviour[cfg.model.name]))
+                            lambda cfg, log: configs.append(cfg) or FakeServer(cfg.model.name, *behaviour[cfg.model.name]))
         samples = niah.generate("niah_single_2", 600, 3, 0, lambda t: len(t.split()))
         return ctx, needles.answer_shared(ctx, ctx.arms, "tiny-qwen3", 1024, "f16", 8, samples)
 
@@ -60,6 +62,16 @@ def test_every_arm_answers_every_prompt_and_the_report_holds_each_once(tmp_path,
     assert len(dense.samples) == len(sparse.samples) == 3 and sparse.metrics["samples"] == 3.0
     saved = json.loads((ctx.out_dir / "report.json").read_text())
     assert [r["arm"] for r in saved["results"]] == ["dense", "sparse"]
+
+
+def test_every_arm_keeps_a_full_sliding_window_cache(tmp_path, monkeypatch) -> None:
+    """A restored slot of a sliding-window model (Gemma 3) can reuse the prompt only when the SWA
+    layers kept more than the last window (llama-server re-prefills otherwise: 16377 tokens per
+    sample at 16K, and the gate stops every arm but the first)."""
+    configs: list[ServerConfig] = []
+    run_shared(tmp_path, monkeypatch, {"dense": (None, 600), "sparse": (None, 1)}, configs)
+    assert [c.model.name for c in configs] == ["dense", "sparse"]
+    assert all("--swa-full" in c.extra_args and "--slot-save-path" in c.extra_args for c in configs)
 
 
 def test_when_the_first_arm_dies_the_others_stop_as_errors_keeping_their_answers(tmp_path, monkeypatch) -> None:

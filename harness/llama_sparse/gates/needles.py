@@ -170,7 +170,11 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
         for arm, result in zip(arms, results):
             try:
                 cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), cache)
-                cfg.extra_args += ["--slot-save-path", f"{slots}/"]
+                # --swa-full: a sliding-window model (Gemma 3) otherwise keeps only the last window
+                # of its SWA layers, and the slot restored from the first arm's state (prompt and
+                # answer) could not reuse the prompt once the answer is cut: llama-server would
+                # prefill it again. A full SWA cache changes no output (the mask is the same)
+                cfg.extra_args += ["--slot-save-path", f"{slots}/", "--swa-full"]
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache, "shared")))
                 if calibration:
                     result.calibration = calibrate(server, arm, calibration, n_predict)
