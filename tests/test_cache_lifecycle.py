@@ -160,6 +160,9 @@ def test_scsa_plans_follow_two_sequences_through_every_cache_operation(tiny_qwen
     checks = {c["after"]: c["rows"] for c in scsa["batched-pair"]["plan_checks"]}
     # sequence 1's suffix cut: its plans go, sequence 0's (another stream) stay
     assert 0 < checks["seq_rm of sequence 1's suffix"] < checks["both decoded together"], checks
+    # sequence 0 restored from a saved state: its plans go, sequence 1's stay (a slot's restore
+    # from llama-server's prompt cache must not make every slot replan)
+    assert 0 < checks["sequence 0 restored"] < checks["a new suffix, both decoded"], checks
     # after the copy both streams hold sequence 0's plans, rebuilt from the copied cells
     assert checks["sequence 0 copied to 1, both decoded"] > checks["a new suffix, both decoded"], checks
 

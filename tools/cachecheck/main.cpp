@@ -202,14 +202,14 @@ int main(int argc, char ** argv) {
     if (!ctx || !model) { fprintf(stderr, "error: failed to load the model\n"); return 1; }
 
     const std::vector<llama_token> text = common_tokenize(ctx, params.prompt, true, true);
-    const int need = 3*P + 6*K;
+    const int need = 3*P + 7*K;
     if ((int) text.size() < need) {
-        fprintf(stderr, "error: the text has %zu tokens, the scenarios need %d (3 x --cc-prompt-tokens + 6 x --cc-steps)\n", text.size(), need);
+        fprintf(stderr, "error: the text has %zu tokens, the scenarios need %d (3 x --cc-prompt-tokens + 7 x --cc-steps)\n", text.size(), need);
         return 2;
     }
     // a sequence's cells: the whole cache when unified, its stream's share otherwise
     const int per_seq = kv_per_seq ? (int) llama_n_ctx_seq(ctx) : (int) llama_n_ctx(ctx);
-    const int need_ctx = kv_per_seq ? P + 4*K : 2*P + 4*K;
+    const int need_ctx = kv_per_seq ? P + 5*K : 2*P + 5*K;
     if (per_seq < need_ctx) {
         fprintf(stderr, "error: -c %u is too small: the scenarios need %d cells per sequence%s\n", llama_n_ctx(ctx), need_ctx,
                 kv_per_seq ? " (--cc-kv-per-seq gives each of the 2 sequences half)" : "");
@@ -310,8 +310,8 @@ int main(int argc, char ** argv) {
         out.push_back(r.end("seq-keep"));
 
         // both sequences in every micro-batch, as llama-server decodes its slots: a suffix of
-        // one removed and rewritten while the other goes on, then one copied over the other
-        // (a slot taking another's prompt from the cache), and both decoded from the copy
+        // one removed and rewritten while the other goes on, one restored from a saved state,
+        // then one copied over the other (a slot taking another's prompt), both decoded after each
         r.begin();
         r.feed(0, T, P, 0);
         r.feed(1, T + P, P/2 + 7, 0);
@@ -324,9 +324,24 @@ int main(int argc, char ** argv) {
         r.feed(1, T + 2*P + 2*K, P/4, cut1);
         r.decode_pair(T + 2*P + 3*K, P + K, T + P + 3*K, cut1 + P/4, K);
         r.check("a new suffix, both decoded");
+        {
+            // a slot taken back from llama-server's prompt cache: sequence 0 saved and restored
+            // into its cells while sequence 1 keeps its own
+            std::vector<uint8_t> st(llama_state_seq_get_size(ctx, 0));
+            if (llama_state_seq_get_data(ctx, st.data(), st.size(), 0) != st.size()) {
+                throw std::runtime_error("llama_state_seq_get_data failed");
+            }
+            llama_memory_seq_rm(r.mem, 0, -1, -1);
+            if (llama_state_seq_set_data(ctx, st.data(), st.size(), 0) != st.size()) {
+                throw std::runtime_error("llama_state_seq_set_data failed");
+            }
+        }
+        r.check("sequence 0 restored");
+        r.decode_pair(T + 2*P + 6*K, P + 2*K, T + P + 6*K, cut1 + P/4 + K, K);
+        r.check("both decoded after the restore");
         llama_memory_seq_rm(r.mem, 1, -1, -1);
         llama_memory_seq_cp(r.mem, 0, 1, -1, -1);
-        r.decode_pair(T + 2*P + 4*K, P + 2*K, T + 2*P + 5*K, P + 2*K, K);
+        r.decode_pair(T + 2*P + 4*K, P + 3*K, T + 2*P + 5*K, P + 3*K, K);
         r.check("sequence 0 copied to 1, both decoded");
         out.push_back(r.end("batched-pair"));
     } catch (const std::exception & e) {
