@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llama_sparse.gates import spec as specs
+from llama_sparse.gates.needles import MAX_REUSED_TAIL
 from llama_sparse.gates.runner import run_gate
 from llama_sparse.progress import Progress
 
@@ -181,10 +182,10 @@ arms: [dense]
 
 
 def test_niah_shared_prefill_answers_as_each_arm_alone(tmp_path: Path) -> None:
-    """With shared_prefill each prompt is prefilled once (by the first arm) and the other arms
-    restore that slot: a second dense arm and the select-all anchor answer exactly as dense does,
-    and exactly as dense answers without sharing; a top-K arm answers from the restored cache
-    (one token re-read, not the prompt) and reads part of it."""
+    """With shared_prefill each prompt is prefilled once (by the first arm) and every arm, the
+    first included, answers from that slot restored (one token re-read, not the prompt): a second
+    dense arm and the select-all anchor answer exactly as dense does, and exactly as dense answers
+    without sharing; a top-K arm reads part of the restored cache."""
     arms = """
 arms:
   - dense
@@ -213,6 +214,8 @@ n_predict: 8
     assert outputs["dense-again"] == outputs["dense"] == outputs["anchor"]
     assert [x["output"] for x in alone.report.results[0].samples] == outputs["dense"]
     assert len(outputs["top-k"]) == 3
+    evaluated = {r.arm: [x.get("prompt_evaluated") for x in r.samples] for r in shared.report.results}
+    assert all(n is not None and 1 <= n <= MAX_REUSED_TAIL for ns in evaluated.values() for n in ns), evaluated
     logs = sorted((shared.out_dir / "logs").glob("niah-top-k-*shared.log"))
     assert logs and "sparse attention: decode read" in logs[0].read_text()
     assert not list((shared.out_dir / "slots").glob("*.bin"))  # the shared slot is removed after the run

@@ -59,9 +59,14 @@ def make_sample_sets(ctx: GateContext, model: str, n_ctx: int, n_predict: int,
     return samples, calibration
 
 
-def sample_record(s: niah.NiahSample, output: str) -> dict:
-    return {"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
-            "key": s.key, "expected": list(s.values), "output": output, "score": niah.score(s, output)}
+def sample_record(s: niah.NiahSample, output: str, prompt_evaluated: int | None = None) -> dict:
+    """One answer. `prompt_evaluated`: the prompt tokens the server evaluated for it (the timings'
+    prompt_n), where the gate reads it (shared prefill: a restored slot re-reads one)."""
+    rec = {"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
+           "key": s.key, "expected": list(s.values), "output": output, "score": niah.score(s, output)}
+    if prompt_evaluated is not None:
+        rec["prompt_evaluated"] = prompt_evaluated
+    return rec
 
 
 CALIBRATION_LOG_WAIT_S = 10.0
@@ -151,11 +156,15 @@ MAX_REUSED_TAIL = 16  # tokens an arm may evaluate after restoring the shared sl
 def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cache: str, n_predict: int,
                   samples: list[niah.NiahSample],
                   calibration: list[niah.NiahSample] | None = None) -> list[ArmResult]:
-    """Every sample prefilled once: the first arm answers it and saves its slot, then each other arm
-    restores that slot and answers the same prompt from the restored cache, re-reading only the
-    prompt's last token (through its own decode path: sparse arms answer with one sparse step more
-    than alone, never one fewer). Prefill is dense in every arm, so the cache is the one each arm
-    would have written itself; what differs between arms is their decode. All arms' servers run
+    """Every sample prefilled once: the first arm prefills it (one token answered) and saves its
+    slot, then every arm, the first included, restores that slot and answers the same prompt from
+    the restored cache, re-reading only the prompt's last token (through its own decode path:
+    sparse arms answer with one sparse step more than alone, never one fewer). Prefill is dense in
+    every arm, so the cache is the one each arm would have written itself, and every arm reaches
+    its answer the same way: what differs between arms is their decode alone. (A reference that
+    answered from its own prefill would differ from the restored arms by more than the method: its
+    last prompt token is computed inside a prefill batch, theirs alone, and the rounding of the two
+    differs; on Gemma 3 at 16K that alone moved needles.) All arms' servers run
     side by side; one that dies is that arm's error, the others go on. The results are in the
     report from the start and it is written after every sample, so a run cut short keeps every
     answer given so far."""
@@ -187,15 +196,16 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                 if server is None or result.error is not None or (i > 0 and results[0].error is not None):
                     continue
                 try:
-                    if i > 0:
-                        server.request("POST", "/slots/0?action=restore", json={"filename": SLOT_FILE})
-                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0)
                     if i == 0:
+                        server.complete(s.prompt, n_predict=1, id_slot=0)
                         server.request("POST", "/slots/0?action=save", json={"filename": SLOT_FILE})
-                    elif resp.get("timings", {}).get("prompt_n", 0) > MAX_REUSED_TAIL:
+                    server.request("POST", "/slots/0?action=restore", json={"filename": SLOT_FILE})
+                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0)
+                    evaluated = int(resp.get("timings", {}).get("prompt_n", 0))
+                    if evaluated > MAX_REUSED_TAIL:
                         raise ArmError(f"arm {arm.name}: the restored prefill was not reused "
-                                        f"({resp['timings']['prompt_n']} prompt tokens evaluated)")
-                    result.samples.append(sample_record(s, resp.get("content", "")))
+                                        f"({evaluated} prompt tokens evaluated)")
+                    result.samples.append(sample_record(s, resp.get("content", ""), evaluated))
                 except ArmError as e:
                     result.fail(f"{e}\n{kept(result, samples)}")
             task.advance()
