@@ -409,3 +409,28 @@ def test_render_draws_an_earlier_run_again(tmp_path: Path, frontier_spec) -> Non
     assert (out / "report.md").read_text() == md and "## Frontier" in md and (out / "plot.png").exists()
     with pytest.raises(UserError, match="no report.json"):
         load_report(tmp_path / "nowhere")
+
+
+def test_a_run_cut_short_never_reads_as_passed(tmp_path: Path, spec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt (Ctrl-C, a killed session) in the middle of a gate: the report on disk keeps
+    what was measured and says the run was cut short, with no verdict, never PASS (the answers of
+    an unscored arm would otherwise sit under a PASS header)."""
+    from llama_sparse.gates import runner
+    from llama_sparse.gates.schema import Kind
+
+    def run(ctx) -> None:
+        ctx.record(speed("dense", 2048, 1.0, 20.0))
+        ctx.save()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "kind_of", lambda name: Kind("ab", run))
+    with Progress(plain=True) as p, pytest.raises(KeyboardInterrupt):
+        runner.run_gate(spec, tmp_path, out_dir=tmp_path / "run", progress=p)
+    saved = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert saved["passed"] is None and saved["cut_short"] == "KeyboardInterrupt" and saved["finished"]
+    assert len(saved["results"]) == 1
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert md.startswith("# Gate `ab-test` (ab): CUT SHORT") and "PASS" not in md.splitlines()[0]
+    assert "- cut short (KeyboardInterrupt)" in md
+    assert runner.render(tmp_path / "run")  # drawn again from report.json: still cut short
+    assert (tmp_path / "run" / "report.md").read_text().startswith("# Gate `ab-test` (ab): CUT SHORT")

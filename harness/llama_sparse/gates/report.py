@@ -72,13 +72,15 @@ class GateReport:
     results: list[ArmResult] = field(default_factory=list)
     passed: bool | None = None
     notes: list[str] = field(default_factory=list)
+    cut_short: str | None = None  # why the run stopped before its end (an interrupt, a harness error)
     kind: Kind | None = None      # how its kind extends the common report (not written to report.json)
 
     def verdict(self) -> bool | None:
-        """`passed`, except that an errored or failed result always makes the gate fail."""
+        """`passed`, except that an errored or failed result always makes the gate fail, and a run
+        cut short has no verdict otherwise (what it did not measure cannot pass)."""
         if any(r.error is not None or r.passed is False for r in self.results):
             return False
-        return self.passed
+        return None if self.cut_short else self.passed
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,7 +88,7 @@ class GateReport:
             "spec": self.spec.to_dict(), "started": self.started, "finished": self.finished,
             "machine": self.machine, "builds": self.builds, "models": self.models,
             "results": [r.to_dict() for r in self.results], "passed": self.verdict(),
-            "notes": list(self.notes),
+            "notes": list(self.notes), **({"cut_short": self.cut_short} if self.cut_short else {}),
         }
 
 
@@ -258,7 +260,7 @@ def load(out_dir: Path) -> GateReport:
         results.append(res)
     report = GateReport(spec=_spec_from_dict(d["spec"]), started=d["started"], finished=d.get("finished"),
                         machine=d.get("machine", {}), builds=d.get("builds", {}), models=d.get("models", {}),
-                        results=results, notes=list(d.get("notes", [])))
+                        results=results, notes=list(d.get("notes", [])), cut_short=d.get("cut_short"))
     report.passed = d.get("passed")
     return report
 
@@ -339,10 +341,15 @@ def markdown_table(report: GateReport) -> str:
     kind = report.kind
     verdict = report.verdict()
     status = {True: "PASS", False: "FAIL", None: "incomplete" if report.finished is None else "no verdict"}[verdict]
+    if report.cut_short and verdict is None:
+        status = "CUT SHORT"
     out = [f"# Gate `{spec.name}` ({spec.kind}): {status}", ""]
     if spec.description:
         out += [spec.description, ""]
     out.append(f"- started {report.started}, finished {report.finished or '(still running)'}")
+    if report.cut_short:
+        out.append(f"- cut short ({report.cut_short}): below is what was measured before; an arm "
+                   "with no score was stopped before its answers were scored")
     out += _builds_lines(report.builds)
     m = report.machine
     if m:

@@ -40,6 +40,9 @@ def run_gate(spec: GateSpec, out_root: Path, only: str | Sequence[str] | None = 
         p.log(f"gate {spec.name} ({spec.kind}): results in {directory}")
         try:
             kind.run(ctx)
+        except BaseException as e:  # an interrupt too: the report must not read as a finished run
+            ctx.report.cut_short = type(e).__name__ + (f": {e}" if str(e) else "")
+            raise
         finally:
             ctx.report.finished = reports.now()
             ctx.save(final=True)
