@@ -340,9 +340,8 @@ def markdown_table(report: GateReport) -> str:
     spec = report.spec
     kind = report.kind
     verdict = report.verdict()
-    status = {True: "PASS", False: "FAIL", None: "incomplete" if report.finished is None else "no verdict"}[verdict]
-    if report.cut_short and verdict is None:
-        status = "CUT SHORT"
+    status = {True: "PASS", False: "FAIL",
+              None: "CUT SHORT" if report.cut_short else "incomplete" if report.finished is None else "no verdict"}[verdict]
     out = [f"# Gate `{spec.name}` ({spec.kind}): {status}", ""]
     if spec.description:
         out += [spec.description, ""]
