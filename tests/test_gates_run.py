@@ -141,9 +141,10 @@ arms:
     assert "ERROR" in (ctx.out_dir / "report.md").read_text()
 
 
-@pytest.mark.parametrize("n_samples", [8])
+@pytest.mark.parametrize("n_samples", [3])
 def test_dense_smollm2_finds_every_needle_at_7k(tmp_path: Path, n_samples: int) -> None:
-    """The full gate (gates/niah.yaml, 24 samples) is run by hand; CI runs a third of it."""
+    """The full gate (gates/niah.yaml, 24 samples) is run by hand; CI runs three needles (depths
+    0, 0.5 and 1): each 7K prompt is a prefill of a minute or more on a 2-core machine."""
     ctx = gate(tmp_path, f"""
 kind: niah
 models: [smollm2-135m]
