@@ -9,6 +9,7 @@ above in three sentences." answered greedily for 64 tokens with `--sparse-attn s
 defaults. SCSA calibrates during the first 32 of those steps and writes its taus once frozen.
 """
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def main() -> None:
     cfg = ServerConfig(model=model, ctx_size=max(8192, n_tokens + 1024), threads=2,
                        extra_args=["--sparse-attn", "scsa", "--scsa-taus-out", str(out)])
     sentences = prose_sentences()
-    with ServerProcess(cfg, out.with_suffix(".server.log")) as server:
+    log = Path(tempfile.gettempdir()) / "scsa-taus-from-summary.server.log"  # not beside the taus in the repository
+    with ServerProcess(cfg, log) as server:
         text, i = "", 900
         while len(server.tokenize(text)) < n_tokens:
             text += " ".join(sentences[i:i + 40]) + " "
@@ -41,7 +43,7 @@ def main() -> None:
                 break
             time.sleep(0.2)
     if not out.exists():
-        sys.exit(f"no taus written to {out}: see {out.with_suffix('.server.log')}")
+        sys.exit(f"no taus written to {out}: see {log}")
     print(f"taus written to {out}")
 
 

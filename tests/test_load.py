@@ -1,8 +1,8 @@
 """Reliability under load: 8 clients against a --parallel 4 server, dense and sparse in one run.
 
 The full gate (gates/load.yaml, a few hundred requests) is run by hand for the figures; CI runs
-a smaller one (24 requests an arm: three rounds of the 8 clients over the 4 slots). A server killed in the middle is an error of that arm, with what was measured
-until then kept on disk.
+a smaller one (24 requests an arm: three rounds of the 8 clients over the 4 slots). A server
+killed in the middle is an error of that arm, with what was measured until then kept on disk.
 """
 
 from __future__ import annotations
