@@ -15,6 +15,8 @@ pytestmark = pytest.mark.slow
     (["-o", "SPARSE_ATTN_SELECT"], 30),
     (["-o", "FLASH_ATTN_EXT", "-p", "block_size"], 60),
     (["-o", "SCSA_ATTN"], 47),
+    # the key sketch's selection and the block tail, one graph each (the case's op is the attention)
+    (["-o", "FLASH_ATTN_EXT", "-p", "tail="], 17),
 ])
 def test_sparse_ops_match_reference(args: list[str], min_cases: int) -> None:
     proc = subprocess.run([str(binary("test-backend-ops")), "-b", "CPU", *args], capture_output=True, text=True,

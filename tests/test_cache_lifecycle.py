@@ -100,6 +100,45 @@ def test_memory_breakdown_counts_the_key_bounds(request, tmp_path: Path, model_f
     assert sparse["context_bytes"] - dense["context_bytes"] == bounds
 
 
+@pytest.mark.parametrize("model_fixture", ["smollm2", "tiny_qwen3"])
+def test_memory_breakdown_counts_the_block_statistics_and_the_key_sketch(request, tmp_path: Path, model_fixture: str) -> None:
+    """With --sparse-attn-score sketch the context also keeps, per block, a value sum and a count
+    after the key bounds, and a q4_0 copy of every key: all of it in the breakdown, to the byte."""
+    model = request.getfixturevalue(model_fixture)
+    dense = cachecheck_run(model, tmp_path, "--sparse-attn", "off", prompt_tokens=256)
+    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "sketch",
+                            "--sparse-attn-block-size", "64", prompt_tokens=256)
+    n_layer, n_head_kv, head = MODEL_SHAPES[model_fixture]
+    n_ctx = sparse["n_ctx"]
+    n_blocks = -(-n_ctx // 64)
+    stats = n_layer * n_head_kv * n_blocks * (3 * head + 1) * 4   # f32 min, max, value sum per channel, count
+    sketch = n_layer * n_ctx * (n_head_kv * head // 32) * 18       # q4_0: 18 bytes per 32 channels
+    assert sparse["context_bytes"] - dense["context_bytes"] == stats + sketch
+
+
+def test_select_all_with_the_key_sketch_equals_dense_through_every_cache_operation(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """Everything selected leaves no block to a tail: the sketch path must then be dense, bit for
+    bit, and its block statistics and sketch must follow every cache operation."""
+    dense = cachecheck(tiny_qwen3, tmp_path, "--sparse-attn", "off")
+    select_all = cachecheck(tiny_qwen3, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "sketch",
+                            "--sparse-attn-topk", "100000")
+    for name in SCENARIOS:
+        assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
+    assert_bounds_exact(select_all)
+
+
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_block_statistics_and_key_sketch_stay_exact(smollm2: Path, tmp_path: Path, cache_type: str) -> None:
+    """The sketch path at a quarter of the blocks (tails in use) through every cache operation: no
+    block's value sum or count holds a key no cell holds or misses one, and every cell's sketch is
+    its key (a K-shift rotates keys, a restore writes them without the graph: both re-sketch)."""
+    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "sketch",
+                     "--sparse-attn-coverage", "0.25", "-ctk", cache_type, "-ctv", cache_type)
+    assert_bounds_exact(run)
+    after = {c["after"] for s in run.values() for c in s["checks"]}
+    assert {"seq_rm of the suffix", "restore", "context shift and decode", "a new sequence in its cells"} <= after
+
+
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
 def test_bounds_stay_exact_with_top_k_selection(smollm2: Path, tmp_path: Path, cache_type: str) -> None:
     run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-coverage", "0.25",

@@ -30,6 +30,9 @@ def test_fuzz_under_sanitizers(project) -> None:
     summary = result.output.splitlines()[-1]
     assert "up to 64" in summary
     # every value, mask and fill kind was drawn
-    for kind in ("uniform", "all-equal", "inf", "nan", "huge", "causal", "window", "single-block", "empty", "holes",
-                 "fresh", "append", "reuse"):
+    for kind in ("uniform", "all-equal", "inf", "nan", "huge", "block-constant", "causal", "window", "single-block",
+                 "empty", "holes", "fresh", "append", "reuse"):
         assert f" {kind} " in summary
+    # a third of the cases run the key sketch and its block tails
+    sketch = int(summary.split("key sketch ")[1].split(";")[0])
+    assert sketch >= 40, summary
