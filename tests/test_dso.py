@@ -75,7 +75,7 @@ def test_the_environment_switches_sparse_attention_on_without_a_flag(tiny_qwen3:
     proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(LLAMA_SPARSE_ATTN="on", LLAMA_SPARSE_ATTN_COVERAGE="0.5"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "switched on by LLAMA_SPARSE_ATTN=on LLAMA_SPARSE_ATTN_COVERAGE=0.5" in proc.stderr
-    assert "sparse_attn           = on (block 32, coverage 0.5" in proc.stderr
+    assert "sparse_attn           = on (key bounds, block 32, coverage 0.5" in proc.stderr
     # logged once, at warning level, however many contexts the program makes
     assert proc.stderr.count("switched on by") == 1
 
