@@ -60,7 +60,7 @@ def test_llama_bench_runs_sparse(tiny_qwen3) -> None:
                            "-r", "1", "-t", "2", "--sparse-attn", "on", "--sparse-attn-coverage", "0.25"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "block-sparse attention on (block 32, coverage 0.25" in proc.stderr   # the default block
+    assert "block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25," in proc.stderr
     assert "tg16" in proc.stdout
 
 
@@ -82,8 +82,10 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
         assert flag in entries, (flag, sorted(entries))
     # blocks of 32 rows by default: on prose they lose fewer needles than 64 (docs/needles-in-prose.md)
     assert "(a multiple of 32 in [32, 4096]; default: 32)" in entries["--sparse-attn-block-size"], entries
-    # 0.625 of the blocks by default: the least that kept every needle dense finds in prose
-    assert "(a number in (0, 1]; default: 0.625)" in entries["--sparse-attn-coverage"], entries
+    # a quarter of the blocks with the key sketch (the default score on the CPU), 0.625 with the
+    # bounds: the least that kept every needle dense finds in prose (docs/needles-in-prose.md)
+    assert "(a number in (0, 1]; default: 0.25 with the key sketch, 0.625 with the key bounds)" in entries["--sparse-attn-coverage"], entries
+    assert "(auto, bound or sketch; default: auto)" in entries["--sparse-attn-score"], entries
     assert "(off, on, auto or scsa; default: off)" in entries["--sparse-attn"], entries
     assert "(block or scsa; default: block)" in entries["--sparse-attn-method"], entries
 
@@ -93,7 +95,7 @@ def test_llama_bench_default_coverage_is_the_servers(tiny_qwen3) -> None:
                            "-r", "1", "-t", "2", "--sparse-attn", "on"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "block-sparse attention on (block 32, coverage 0.625" in proc.stderr
+    assert "block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25 with the key sketch, 0.625 with the key bounds" in proc.stderr
 
 
 # the edges of every range are accepted, and the model decodes with them

@@ -72,7 +72,9 @@ def test_the_table_names_every_setting_once() -> None:
         # the accepted values, and the default where there is one, end every help
         assert re.search(re.escape(f" ({r['accepted']}") + r"(; default: [^;]+)?\)$", r["help"]), r
     by_flag = {r["flag"]: r for r in rows}
-    assert "default: 0.625)" in by_flag["--sparse-attn-coverage"]["help"]
+    # the struct's coverage 0 is the score's own: the key sketch reads a quarter of the blocks
+    assert "default: 0.25 with the key sketch, 0.625 with the key bounds)" in by_flag["--sparse-attn-coverage"]["help"]
+    assert "(auto, bound or sketch; default: auto)" in by_flag["--sparse-attn-score"]["help"]
     assert "default: 32)" in by_flag["--sparse-attn-block-size"]["help"]
     assert "default: 0.0125)" in by_flag["--scsa-tolerance"]["help"]
     assert by_flag["--scsa-hierarchical"]["value_hint"] is None   # a switch
@@ -125,7 +127,8 @@ def test_a_value_the_flag_accepts_the_check_accepts() -> None:
             value = "1"
         else:
             default = re.search(r"; default: ([^;]+)\)$", r["help"])
-            value = default.group(1) if default else "taus.json"
+            # a default per score ("0.25 with the key sketch, ...") starts with a value the flag takes
+            value = default.group(1).split(" with ")[0] if default else "taus.json"
         ok, err = _set(params, r["flag"], value)
         assert ok, (r["flag"], value, err)
         assert _check(params) == (True, ""), r["flag"]

@@ -52,7 +52,7 @@ class SparseParams(ctypes.Structure):
         ("scsa_block_size", ctypes.c_int32),
         ("scsa_sink", ctypes.c_int32),
         ("scsa_recent", ctypes.c_int32),
-        ("sparse_attn_score", ctypes.c_int),  # API version 4: 0 key bounds, 1 key sketch
+        ("sparse_attn_score", ctypes.c_int),  # API version 4: 0 key bounds, 1 key sketch; 5: 2 auto (the default)
     ]
 
 
