@@ -74,7 +74,7 @@ def assert_bounds_exact(run: dict) -> None:
 def test_select_all_equals_dense_through_every_cache_operation(request, tmp_path: Path, model_fixture: str) -> None:
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck(model, tmp_path, "--sparse-attn", "off")
-    select_all = cachecheck(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-topk", "100000")
+    select_all = cachecheck(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-topk", "100000")
     for name in SCENARIOS:
         assert len(dense[name]["steps"]) > 0
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
@@ -92,7 +92,8 @@ def test_memory_breakdown_counts_the_key_bounds(request, tmp_path: Path, model_f
     with, and what it prints) must hold them, to the byte."""
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck_run(model, tmp_path, "--sparse-attn", "off", prompt_tokens=256)
-    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-block-size", "64", prompt_tokens=256)
+    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-block-size", "64",
+                            prompt_tokens=256)
     n_layer, n_head_kv, head = MODEL_SHAPES[model_fixture]
     n_blocks = -(-sparse["n_ctx"] // 64)
     bounds = n_layer * n_head_kv * n_blocks * 2 * head * 4   # f32 minimum and maximum per channel
@@ -141,7 +142,7 @@ def test_block_statistics_and_key_sketch_stay_exact(smollm2: Path, tmp_path: Pat
 
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
 def test_bounds_stay_exact_with_top_k_selection(smollm2: Path, tmp_path: Path, cache_type: str) -> None:
-    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-coverage", "0.25",
+    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-coverage", "0.25",
                      "-ctk", cache_type, "-ctv", cache_type)
     assert_bounds_exact(run)
     # the checks covered the operations that could leave bounds stale

@@ -1,4 +1,5 @@
-"""With --sparse-attn off nothing is allocated; with it on, only the key bounds beside the K cache."""
+"""With --sparse-attn off nothing is allocated; with it on, only the side cache beside the K cache (on the CPU by
+default the key bounds, the block statistics and the key sketch)."""
 
 from __future__ import annotations
 
@@ -33,4 +34,5 @@ def test_off_allocates_nothing_on_allocates_bounds(request, tmp_path: Path, mode
     assert kv_lines(off) and kv_lines(off) == kv_lines(on)        # the K/V cache itself is the same
     assert "sparse-attention key bounds" not in off              # off: no side cache at all
     assert "sparse_attn           =" not in off and "sparse_attn           = on" in on
-    assert re.search(r"sparse-attention key bounds = +[0-9.]+ MiB \(block 32, \d+ blocks\)", on)   # the default block
+    # the default block, and the default score on the CPU: the key sketch beside the bounds
+    assert re.search(r"sparse-attention key bounds, block statistics and key sketch = +[0-9.]+ MiB \(block 32, \d+ blocks\)", on)
