@@ -94,6 +94,7 @@ def test_the_selection_runs_on_a_server_of_this_build_and_stays_local_with_anoth
     remote, log = logits(smollm2, tmp_path, "rpc", *arm)
     b1 = _loopback_bytes()
     assert "sparse_attn           = on (key bounds, block 32, coverage 0.625" in log
+    assert "sparse_attn_score = auto: key bounds, as the KV cache is on RPC0 and the key sketch is CPU-only" in log
     assert "makes sparse attention slower there" not in log
     monkeypatch.setenv("GGML_RPC_SPARSE_LOCAL", "1")   # as a server of another build is treated
     fallback, fallback_log = logits(smollm2, tmp_path, "rpc-local-fa", *arm)
