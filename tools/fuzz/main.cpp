@@ -15,6 +15,8 @@
 // Besides the checks above: every block whose visible rows are not the rows it counts is read,
 // and with keys and values constant over each block (exactly representable in q4_0) the tails
 // stand for their blocks exactly, so the sparse result is the dense one within rounding.
+// Decode of several streams (one query each, as llama-server's slots) is also run stream by stream:
+// each stream's fill, selection and sparse attention must be the bits it gets alone.
 // Values include inf and NaN keys, all-equal keys and huge magnitudes; masks include a single
 // visible block and an empty visible range. Built with AddressSanitizer and UBSan by
 // `llama-sparse fuzz`, so a stray read or write fails the run too.
@@ -103,7 +105,7 @@ fuzz_case random_case(std::mt19937 & rng, int threads) {
     const int64_t len = pick({0, 1, 2, 3});
     c.n_kv      = len == 0 ? 1 + rng() % 200 : len == 3 ? 512 + rng() % 256 : 512 + rng() % 2600;
     c.n_rows    = rng() % 4 == 0 ? 2 + rng() % 4 : 1;
-    c.n_stream  = rng() % 4 == 0 ? 2 : 1;
+    c.n_stream  = rng() % 4 == 0 ? pick({2, 4}) : 1;
     c.topk      = rng() % 3 == 0 ? (int) (rng() % 12) : 0;
     c.coverage  = rng() % 3 == 0 ? std::uniform_real_distribution<float>(0.75f, 1.0f)(rng)
                                  : std::uniform_real_distribution<float>(0.01f, 1.0f)(rng);
@@ -138,6 +140,18 @@ fuzz_case random_case(std::mt19937 & rng, int threads) {
         c.coverage = std::uniform_real_distribution<float>(0.6f, 1.0f)(rng);
         c.topk     = 0;
         c.mask     = rng() % 2 ? mask_kind::causal : c.mask;
+    }
+    if (rng() % 8 == 0) {
+        // several sequences decoding together, a KV stream each (llama-server's slots): the split
+        // path's lengths and a selection that leaves blocks out, where a stream's rows must get
+        // the bits they get alone
+        c.n_rows   = 1;
+        c.n_stream = pick({2, 3, 4});
+        c.type_kv  = GGML_TYPE_F16;
+        c.n_kv     = 512 + rng() % 2600;
+        c.mask     = rng() % 2 ? mask_kind::causal : mask_kind::random_holes;
+        c.coverage = std::uniform_real_distribution<float>(0.05f, 0.6f)(rng);
+        c.recent   = (int) pick({0, 1, 64});
     }
     return c;
 }
@@ -469,6 +483,47 @@ std::string check_fill(const fuzz_case & c, const run_inputs & in, const std::ve
     return "";
 }
 
+// dense attention of query head g of row r of stream s, in double, from the keys and values as an
+// f16 cache holds them and the query as flash attention rounds it (to f16)
+std::vector<float> exact_attention(const fuzz_case & c, const run_inputs & in, int64_t s, int64_t r, int64_t g) {
+    const int64_t row = c.D*c.n_head_kv, h = g / c.gqa;
+    const float * q   = in.q.data() + ((s*c.n_rows + r)*c.n_head_kv*c.gqa + g)*c.D;
+    const auto &  vis = in.vis[s*c.n_rows + r];
+    const auto f16 = [](float x) { return (double) ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)); };
+    std::vector<double> score(c.n_kv, -INFINITY);
+    double m = -INFINITY;
+    for (int64_t i = 0; i < c.n_kv; ++i) {
+        if (!vis[i]) {
+            continue;
+        }
+        const float * k = in.keys.data() + (s*c.n_kv + i)*row + h*c.D;
+        double dot = 0;
+        for (int64_t d = 0; d < c.D; ++d) {
+            dot += f16(q[d])*f16(k[d]);
+        }
+        score[i] = dot/sqrt((double) c.D);
+        m = std::max(m, score[i]);
+    }
+    std::vector<double> acc(c.D, 0.0);
+    double sum = 0;
+    for (int64_t i = 0; i < c.n_kv; ++i) {
+        if (!vis[i]) {
+            continue;
+        }
+        const double p = exp(score[i] - m);
+        const float * v = in.values.data() + (s*c.n_kv + i)*row + h*c.D;
+        for (int64_t d = 0; d < c.D; ++d) {
+            acc[d] += p*f16(v[d]);
+        }
+        sum += p;
+    }
+    std::vector<float> out(c.D, 0.0f);
+    for (int64_t d = 0; d < c.D && sum > 0; ++d) {
+        out[d] = (float) (acc[d]/sum);
+    }
+    return out;
+}
+
 std::string check_selection(const fuzz_case & c, const run_inputs & in, const std::vector<int32_t> & sel,
                             const graph_out & opt) {
     const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
@@ -542,13 +597,16 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     }
                 }
                 // keys and values constant over each block: every tail is its block exactly (its
-                // mass and its mean value), so the result is dense's but for the query's rounding
-                // to q8_0 in the sketch's scores
+                // mass and its mean value), so the result is dense attention but for the query's
+                // rounding to q8_0 in the sketch's scores. Against attention in double: a row whole
+                // on one thread sums its weighted values in f16 (upstream's one-row path), which
+                // over runs of equal weights drifts further than that (dense as much as sparse)
                 if (c.keys == keys_kind::block_constant && pop < n_vis) {
                     for (int64_t g = h*c.gqa; g < (h + 1)*c.gqa; ++g) {
                         const size_t o = ((s*c.n_rows + r)*c.n_head_kv*c.gqa + g)*c.D;
                         std::vector<float> a(opt.sparse.begin() + o, opt.sparse.begin() + o + c.D);
-                        std::vector<float> d(opt.dense.begin()  + o, opt.dense.begin()  + o + c.D);
+                        const std::vector<float> d = c.type_kv == GGML_TYPE_F16 ? exact_attention(c, in, s, r, g)
+                            : std::vector<float>(opt.dense.begin() + o, opt.dense.begin() + o + c.D);
                         const std::string e = compare_fa(a, d, 2e-3);
                         if (!e.empty()) {
                             return "constant blocks, yet the tails do not stand for them: " + e + where;
@@ -565,6 +623,77 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                         }
                     }
                 }
+            }
+        }
+    }
+    return "";
+}
+
+// stream s of a case as a case of its own: its queries, cells, mask and starting bounds, the
+// cells its fill writes in the same order
+run_inputs stream_inputs(const fuzz_case & c, const run_inputs & in, int64_t s) {
+    const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
+    const int64_t nq = c.D*c.n_head_kv*c.gqa*c.n_rows;
+    const int64_t nk = c.D*c.n_head_kv*c.n_kv;
+    const int64_t nb = c.bounds_width()*c.n_head_kv*n_blocks;
+    const int64_t nm = c.n_kv*c.n_rows;
+    run_inputs o;
+    o.q.assign(in.q.begin() + s*nq, in.q.begin() + (s + 1)*nq);
+    o.keys.assign(in.keys.begin() + s*nk, in.keys.begin() + (s + 1)*nk);
+    o.values.assign(in.values.begin() + s*nk, in.values.begin() + (s + 1)*nk);
+    o.bounds0.assign(in.bounds0.begin() + s*nb, in.bounds0.begin() + (s + 1)*nb);
+    o.envelope.assign(in.envelope.begin() + s*nb, in.envelope.begin() + (s + 1)*nb);
+    for (int64_t cell : in.idxs) {
+        if (cell / c.n_kv == s) {
+            o.idxs.push_back(cell - s*c.n_kv);
+        }
+    }
+    o.mask.assign(in.mask.begin() + s*nm, in.mask.begin() + (s + 1)*nm);
+    o.vis.assign(in.vis.begin() + s*c.n_rows, in.vis.begin() + (s + 1)*c.n_rows);
+    return o;
+}
+
+// one query per stream (decode of several sequences, each with its own KV stream, as
+// llama-server's slots decode together): each stream's fill, selection and sparse attention are
+// the bits it gets decoded alone. A top-K selection is not continuous in its input, so a stream
+// whose attention rounds differently beside others reads other blocks in the next layer, and
+// answers under load drift from the answers given alone
+std::string check_streams_alone(const fuzz_case & c, const run_inputs & in, const graph_out & opt, ggml_backend_t backend) {
+    fuzz_case one = c;
+    one.n_stream = 1;
+    for (int64_t s = 0; s < c.n_stream; ++s) {
+        const run_inputs ins = stream_inputs(c, in, s);
+        if (ins.idxs.empty()) {
+            continue; // this stream's fill writes nothing: no fill node to build alone
+        }
+        const graph_out alone = run(one, ins, backend, false);
+        auto slice = [&](const auto & v, size_t n) {
+            return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + s*n, v.begin() + (s + 1)*n);
+        };
+        const std::string where = " (stream " + std::to_string(s) + " of " + std::to_string(c.n_stream) + ")";
+        if (!same_bits(slice(opt.filled, alone.filled.size()), alone.filled)) {
+            return "the bounds differ from the stream's filled alone" + where;
+        }
+        if (slice(opt.sel, alone.sel.size()) != alone.sel) {
+            return "the selection differs from the stream's selected alone" + where;
+        }
+        // a KV head that selects every visible block follows dense instead, whose several-stream
+        // path is not its one-stream path (upstream's): check_selection holds it to dense's bits
+        const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
+        const int64_t n_words  = (n_blocks + 31)/32;
+        const int64_t W        = n_words + 2 + (c.sketch ? c.gqa*n_blocks : 0);
+        const std::vector<float> beside = slice(opt.sparse, alone.sparse.size());
+        for (int64_t h = 0; h < c.n_head_kv; ++h) {
+            const int32_t * w = alone.sel.data() + h*W;
+            if (w[n_words] == w[n_words + 1]) {
+                continue;
+            }
+            const size_t o = h*c.gqa*c.D, n = c.gqa*c.D;
+            if (memcmp(beside.data() + o, alone.sparse.data() + o, n*sizeof(float)) != 0) {
+                const std::string e = compare_fa(std::vector<float>(beside.begin() + o, beside.begin() + o + n),
+                                                 std::vector<float>(alone.sparse.begin() + o, alone.sparse.begin() + o + n), 0.0);
+                return "sparse attention differs from the stream's attention alone" + where + ", kv head " +
+                       std::to_string(h) + (e.empty() ? "" : ": " + e);
             }
         }
     }
@@ -601,7 +730,7 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(seed);
     int n_failed = 0;
     int per_keys[(int) keys_kind::count] = {}, per_mask[(int) mask_kind::count] = {}, per_fill[(int) fill_kind::count] = {};
-    int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0;
+    int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0, n_streams_alone = 0;
 
     for (int i = 0; i < n_cases; ++i) {
         const fuzz_case c = random_case(rng, n_threads);
@@ -618,6 +747,9 @@ int main(int argc, char ** argv) {
             err = "select: optimized and reference selections differ";
         } else if (!(err = check_selection(c, in, opt.sel, opt)).empty()) {
             err = "select: " + err;
+        } else if (c.n_rows == 1 && c.n_stream > 1 && (n_streams_alone++, true) &&
+                   !(err = check_streams_alone(c, in, opt, backend)).empty()) {
+            err = "streams: " + err;
         } else if (c.keys == keys_kind::with_inf && (compare_fa(opt.sparse, ref.sparse).rfind("NaN/inf", 0) == 0 ||
                                                      compare_fa(opt.dense,  ref.dense ).rfind("NaN/inf", 0) == 0)) {
             // upstream's one-row kernel turns a score of -inf into NaN when it is the first its
@@ -652,7 +784,7 @@ int main(int argc, char ** argv) {
     for (int m = 0; m < (int) mask_kind::count; ++m) { printf(" %s %d", name((mask_kind) m), per_mask[m]); }
     printf("; fills:");
     for (int f = 0; f < (int) fill_kind::count; ++f) { printf(" %s %d", name((fill_kind) f), per_fill[f]); }
-    printf("; key sketch %d", n_sketch);
+    printf("; key sketch %d; streams against alone %d", n_sketch, n_streams_alone);
     printf("; NaN placement not compared (upstream's -inf score rule): %d\n", n_upstream_nonfinite);
     ggml_backend_free(backend);
     return n_failed ? 1 : 0;
