@@ -54,3 +54,13 @@ def test_scsa_line_of_another_request_is_not_taken() -> None:
     other = SCSA_LOG.replace("| task 5 | scsa", "| task 6 | scsa")
     (rec,) = timings.parse(other)
     assert rec.sparse_read_fraction is None
+
+
+BLOCK_LOG = SCSA_LOG.splitlines()[:3] + [
+    "0.10.000.004 I slot print_timing: id  0 | task 5 | sparse attention: decode read  25.0% of the visible KV blocks (2592 of 10368 block reads)"]
+
+
+def test_block_line_gives_the_fraction_and_the_visible_count() -> None:
+    (rec,) = timings.parse("\n".join(BLOCK_LOG) + "\n")
+    assert rec.sparse_read_fraction == 2592 / 10368
+    assert rec.sparse_blocks_visible == 10368

@@ -41,6 +41,7 @@ class RequestTiming:
     decode: EvalTiming | None
     total_ms: float | None = None
     sparse_read_fraction: float | None = None   # block-sparse: KV blocks read / visible, decode steps
+    sparse_blocks_visible: int | None = None    # block-sparse: visible block reads of the decode rows
 
 
 def parse(text: str) -> list[RequestTiming]:
@@ -69,7 +70,8 @@ def parse(text: str) -> list[RequestTiming]:
         if sp and out and (out[-1].slot, out[-1].task) == key:
             # printed after the request's total line
             read, visible = int(sp.group(2)), int(sp.group(3))
-            out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible)
+            out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible,
+                                          sparse_blocks_visible=visible)
             continue
         sc = _SCSA.search(line)
         if sc and out and (out[-1].slot, out[-1].task) == key:

@@ -1,0 +1,110 @@
+"""A prompt that reaches the server while another slot decodes is attended as it is alone.
+
+With a KV stream per slot llama splits a batch into micro-batches of equal tokens per sequence,
+so one slot's decode token and the first token of another slot's prompt used to make one
+micro-batch of one token each, which the sparse path took for a decode step: that prompt row was
+read sparsely under load where alone it is part of a dense prefill. The server's per-request
+count of visible block reads (decode rows only) shows it: under load the prompt's request counted
+one row more than alone. Now a prompt and a decode step never share a micro-batch, and a row of a
+sequence with several tokens in its batch is never sparse. The count of visible blocks does not
+depend on arithmetic, only on which rows are read sparsely, so it must be equal exactly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from llama_sparse import timings
+from llama_sparse.gates.texts import reference_text
+from llama_sparse.server import ServerConfig, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+N_PREDICT = 8
+
+
+def request_record(server: ServerProcess, offset: int, slot: int) -> timings.RequestTiming:
+    """The timing record of the one request on `slot` logged from byte `offset` on."""
+    def found(log: str) -> timings.RequestTiming | None:
+        recs = [r for r in timings.parse(log) if r.slot == slot and r.sparse_blocks_visible is not None]
+        return recs[0] if recs else None
+    return server.wait_log_until(found, offset=offset, what=f"the sparse line of slot {slot}")
+
+
+class DecodingRequest:
+    """A long streamed generation on another slot; `decoding` is set once tokens arrive, and
+    `tokens_after_mark` counts the tokens that arrived after mark() (proof of the overlap)."""
+
+    def __init__(self, server: ServerProcess, prompt: str):
+        self.body = {"prompt": prompt, "n_predict": 1024, "ignore_eos": True, "temperature": 0.0,
+                     "top_k": 1, "stream": True, "id_slot": 0, "cache_prompt": False}
+        self.url = f"{server.url}/completion"
+        self.decoding = threading.Event()
+        self.stop = threading.Event()
+        self.marked = False
+        self.tokens = 0
+        self.tokens_after_mark = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        try:
+            with requests.post(self.url, json=self.body, stream=True, timeout=600) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if self.stop.is_set():
+                        break  # closing the connection ends the generation
+                    if not line.startswith(b"data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("content") is not None:
+                        self.tokens += 1
+                        self.tokens_after_mark += self.marked
+                        if self.tokens >= 4:
+                            self.decoding.set()
+                    if chunk.get("stop"):
+                        break
+        except BaseException as e:  # reported by the test thread
+            self.error = e
+        finally:
+            self.decoding.set()
+
+    def mark(self) -> None:
+        self.marked = True
+
+
+def test_prompt_beside_a_decoding_slot_counts_the_visible_blocks_it_counts_alone(start_server, smollm2: Path) -> None:
+    server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2, cache_prompt=False,
+                                       extra_args=["--no-kv-unified", "--sparse-attn", "on"]))
+    text = reference_text()
+    prompt = text[:6000]     # about 1400 tokens: one batch, three micro-batches of prefill
+
+    offset = server.log_size()
+    alone = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False)
+    alone_rec = request_record(server, offset, slot=1)
+    assert alone["tokens_predicted"] == N_PREDICT
+
+    other = DecodingRequest(server, text[30000:31000])
+    other.thread.start()
+    assert other.decoding.wait(timeout=300) and other.error is None, other.error
+    offset = server.log_size()
+    other.mark()
+    loaded = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False)
+    overlap = other.tokens_after_mark
+    other.stop.set()
+    other.thread.join(timeout=120)
+    loaded_rec = request_record(server, offset, slot=1)
+
+    assert overlap > 0, "the other slot did not decode while the prompt was served: no overlap to test"
+    assert loaded["tokens_predicted"] == N_PREDICT
+    assert loaded_rec.sparse_blocks_visible == alone_rec.sparse_blocks_visible, (
+        f"visible block reads of the request's decode rows: {loaded_rec.sparse_blocks_visible} beside a decoding "
+        f"slot ({overlap} of its tokens during the request), {alone_rec.sparse_blocks_visible} alone: rows of the "
+        "prompt were attended as decode rows")
+    # the server stays healthy after the cancelled stream
+    assert server.request("GET", "/health")["status"] == "ok"
