@@ -701,6 +701,44 @@ std::string check_streams_alone(const fuzz_case & c, const run_inputs & in, cons
     return "";
 }
 
+// Cases built to show one property each, run before the random ones.
+//
+// The key sketch reads the blocks whose stand-ins would be furthest off, not merely the heaviest:
+// a block whose keys all score alike enters exactly as its value mean, however much mass it has,
+// while one whose mass a single key holds does not. Eight blocks of 32, one KV head, a budget of
+// one block and no sink or recent rows: block 2 holds 32 keys scoring 3 (mass 32e^3, spread
+// evenly), block 5 one key scoring 5 among 31 scoring 0 (mass e^5 + 31, a quarter of block 2's),
+// the rest keys scoring 0. Ranked by mass the selection reads block 2; it must read block 5.
+std::string designed_stand_in_error(ggml_backend_t backend) {
+    fuzz_case c{};
+    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
+    c.block = 32; c.topk = 1; c.coverage = 1.0f; c.sink = 0; c.recent = 0;
+    c.type_kv = GGML_TYPE_F16; c.keys = keys_kind::block_constant; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
+    c.threads = 2; c.seed = 1; c.sketch = true;
+    run_inputs in = make_inputs(c);
+    // channel 0 only, in values q4_0 and f16 hold exactly; q*k*scale = 8*k0
+    std::fill(in.q.begin(), in.q.end(), 0.0f);
+    in.q[0] = 8.0f*sqrtf((float) c.D);
+    std::fill(in.keys.begin(), in.keys.end(), 0.0f);
+    for (int64_t i = 2*32; i < 3*32; ++i) {
+        in.keys[i*c.D] = 0.375f;
+    }
+    in.keys[(5*32 + 7)*c.D] = 0.625f;
+    const graph_out opt = run(c, in, backend, false);
+    const graph_out ref = run(c, in, backend, true);
+    if (opt.sel != ref.sel) {
+        return "optimized and reference selections differ";
+    }
+    const uint32_t w = (uint32_t) opt.sel[0];
+    if (w != (1u << 5)) {
+        char buf[160];
+        snprintf(buf, sizeof(buf), "selected blocks 0x%02x, expected block 5 alone (0x20): %s", w,
+                 w == (1u << 2) ? "the heaviest block, whose keys all score alike, was read instead" : "");
+        return buf;
+    }
+    return check_selection(c, in, opt.sel, opt);
+}
+
 } // namespace
 
 int main(int argc, char ** argv) {
@@ -732,6 +770,19 @@ int main(int argc, char ** argv) {
     int n_failed = 0;
     int per_keys[(int) keys_kind::count] = {}, per_mask[(int) mask_kind::count] = {}, per_fill[(int) fill_kind::count] = {};
     int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0, n_streams_alone = 0;
+
+    const std::pair<const char *, std::string (*)(ggml_backend_t)> designed[] = {
+        {"the key sketch reads the block whose stand-in is furthest off", designed_stand_in_error},
+    };
+    for (const auto & [what, check] : designed) {
+        const std::string err = check(backend);
+        if (!err.empty()) {
+            n_failed++;
+            printf("FAIL designed case: %s\n  %s\n", what, err.c_str());
+        } else if (verbose) {
+            printf("ok   designed case: %s\n", what);
+        }
+    }
 
     for (int i = 0; i < n_cases; ++i) {
         const fuzz_case c = random_case(rng, n_threads);
@@ -785,7 +836,8 @@ int main(int argc, char ** argv) {
     for (int m = 0; m < (int) mask_kind::count; ++m) { printf(" %s %d", name((mask_kind) m), per_mask[m]); }
     printf("; fills:");
     for (int f = 0; f < (int) fill_kind::count; ++f) { printf(" %s %d", name((fill_kind) f), per_fill[f]); }
-    printf("; key sketch %d; streams against alone %d", n_sketch, n_streams_alone);
+    printf("; key sketch %d; streams against alone %d; designed %d", n_sketch, n_streams_alone,
+           (int) (sizeof(designed)/sizeof(designed[0])));
     printf("; NaN placement not compared (upstream's -inf score rule): %d\n", n_upstream_nonfinite);
     ggml_backend_free(backend);
     return n_failed ? 1 : 0;

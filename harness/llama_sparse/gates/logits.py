@@ -34,7 +34,7 @@ def run(ctx: GateContext) -> None:
                         model=ctx.model_path(model), prompt_file=prompt, ctx_size=n_ctx, steps=spec.samples,
                         out=ctx.out_dir / "dumps" / f"{arm.name}-{model}-{n_ctx}-{cache}.bin", variant=arm.variant,
                         cache_type=cache, threads=spec.threads, seed=spec.seed, flags=arm.flags, force=force,
-                        prompt_tokens=n_ctx - spec.samples - 1)
+                        prompt_tokens=n_ctx - spec.samples - 1, env=arm.env)
                     req.out.parent.mkdir(parents=True, exist_ok=True)
                     ctx.build_info(arm.variant)
                     out = logitsdump.run(req, ctx.log_path("dump", arm.name, model, n_ctx, cache))

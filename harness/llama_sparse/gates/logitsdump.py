@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ class DumpRequest:
     flags: tuple[str, ...] = ()
     force: Path | None = None
     prompt_tokens: int | None = None   # cut the tokenized prompt to this many tokens
+    env: tuple[tuple[str, str], ...] = ()   # the arm's environment variables, over ours
 
 
 def run(req: DumpRequest, log_path: Path, timeout: float = 3600) -> LogitsDump:
@@ -63,9 +65,10 @@ def run(req: DumpRequest, log_path: Path, timeout: float = 3600) -> LogitsDump:
         cmd += ["--dump-force", str(req.force)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
+        log.write("$ " + " ".join([f"{k}={v}" for k, v in req.env] + cmd) + "\n")
         log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                              env={**os.environ, **dict(req.env)})
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise ArmError(f"llama-sparse-logits exited with code {proc.returncode}\n--- {log_path} ---\n{tail}")
