@@ -47,9 +47,9 @@ arms:
 
 
 def test_anchor_on_a_q8_0_cache_decodes_like_dense(tmp_path: Path) -> None:
-    """With a quantized cache dense decode gives each thread whole heads, the sparse path splits
-    a head's selected rows over the threads: a head that selects every block must still take
-    dense's path, bit for bit (the cache is 2048 cells, past the split path's 512)."""
+    """With a quantized cache dense decode gives each thread whole heads (not the split-KV path
+    f16 takes): a sparse head that selects every block must decode exactly as dense does there
+    too (the cache is 2048 cells, past the split path's 512)."""
     ctx = gate(tmp_path, """
 kind: identity
 models: [smollm2-135m]
