@@ -34,8 +34,11 @@ def test_fuzz_under_sanitizers(project) -> None:
                  "empty", "holes", "fresh", "append", "reuse"):
         assert f" {kind} " in summary
     # a third of the cases run the key sketch and its block tails
-    sketch = int(summary.split("key sketch ")[1].split(";")[0])
+    sketch = int(summary.split("key sketch ")[1].split(" ")[0])
     assert sketch >= 40, summary
+    # half of those with a tolerance: it may only stop the ranking early (a subset of the blocks
+    # the whole budget reads, the same log masses)
+    assert int(summary.split("with a tolerance ")[1].split(")")[0]) >= 12, summary
     # several streams with one query each, every stream also run alone: a stream's selection and
     # sparse attention must be its bits alone (before the fix, several streams took the one-row
     # path and one stream the split path: 5 of 32 such cases of seed 7 differed)

@@ -26,6 +26,9 @@ BAD = [
     ("--sparse-attn-coverage", "0", "a number in (0, 1]"),
     ("--sparse-attn-coverage", "1.5", "a number in (0, 1]"),
     ("--sparse-attn-coverage", "half", "a number in (0, 1]"),
+    ("--sparse-attn-tolerance", "-0.01", "a number in [0, 1]"),
+    ("--sparse-attn-tolerance", "1.5", "a number in [0, 1]"),
+    ("--sparse-attn-tolerance", "nan", "a number in [0, 1]"),
     ("--sparse-attn-recent", "-1", "an integer in [0, 1048576]"),
     ("--sparse-attn-recent", "1048577", "an integer in [0, 1048576]"),
     ("--sparse-attn-recent", "x", "an integer in [0, 1048576]"),
@@ -78,7 +81,8 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
     out = subprocess.run([str(binary(tool)), "--help"], capture_output=True, text=True, timeout=60)
     entries = _help_entries(out.stdout + out.stderr)
     for flag in ("--sparse-attn", "--sparse-attn-method", "--sparse-attn-block-size", "--sparse-attn-topk",
-                 "--sparse-attn-coverage", "--sparse-attn-recent", "--sparse-attn-sink", "--sparse-attn-min-kv"):
+                 "--sparse-attn-coverage", "--sparse-attn-tolerance", "--sparse-attn-recent", "--sparse-attn-sink",
+                 "--sparse-attn-min-kv"):
         assert flag in entries, (flag, sorted(entries))
     # blocks of 32 rows by default: on prose they lose fewer needles than 64 (docs/needles-in-prose.md)
     assert "(a multiple of 32 in [32, 4096]; default: 32)" in entries["--sparse-attn-block-size"], entries
@@ -86,6 +90,9 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
     # bounds: the least that kept every needle dense finds in prose (docs/needles-in-prose.md)
     assert "(a number in (0, 1]; default: 0.25 with the key sketch, 0.625 with the key bounds)" in entries["--sparse-attn-coverage"], entries
     assert "(auto, bound or sketch; default: auto)" in entries["--sparse-attn-score"], entries
+    # the whole coverage by default: a tolerance of 0.01 already lost a needle dense finds in prose
+    # (docs/needles-in-prose.md)
+    assert "(a number in [0, 1]; default: 0)" in entries["--sparse-attn-tolerance"], entries
     assert "(off, on, auto or scsa; default: off)" in entries["--sparse-attn"], entries
     assert "(block or scsa; default: block)" in entries["--sparse-attn-method"], entries
 
@@ -103,6 +110,7 @@ EDGE_VALUES = [
     ["--sparse-attn-block-size", "32"], ["--sparse-attn-block-size", "4096"],
     ["--sparse-attn-topk", "0"], ["--sparse-attn-topk", "1"], ["--sparse-attn-topk", "1048576"],
     ["--sparse-attn-coverage", "1"], ["--sparse-attn-coverage", "0.001"],
+    ["--sparse-attn-tolerance", "0"], ["--sparse-attn-tolerance", "1"],
     ["--sparse-attn-recent", "0"], ["--sparse-attn-recent", "1048576"],
     ["--sparse-attn-sink", "0"], ["--sparse-attn-sink", "1048576"],
     ["--sparse-attn-min-kv", "0"], ["--sparse-attn-min-kv", "16777216"],
@@ -162,3 +170,28 @@ def test_no_fallback_warning_where_the_backend_runs_the_sizes(tiny_qwen3, start_
     log = server.wait_log("decode read")
     assert "sparse-attention key bounds" in log and "4096 blocks" in log   # the check ran at this size
     assert "cannot run block-sparse attention" not in log
+
+
+def _blocks_read(tiny_qwen3, tmp_path, *flags: str) -> tuple[int, int]:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(" ".join(f"Entry {i} of the ledger records {i * 37 % 101} crates of {('tea', 'salt', 'iron')[i % 3]}."
+                               for i in range(90)))
+    proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "4096",
+                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-score", "sketch", *flags,
+                           "--dump-steps", "8", "--dump-out", str(tmp_path / "o.bin")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = re.search(r"block: read (\d+) of (\d+) visible blocks", proc.stderr)
+    assert m, proc.stderr[-2000:]
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_tolerance_makes_the_coverage_a_ceiling(tiny_qwen3, tmp_path) -> None:
+    """--sparse-attn-tolerance 0 reads the whole coverage; a tolerance reads at most that, and 1
+    (every stand-in good enough) only the sink and recent blocks."""
+    whole, visible = _blocks_read(tiny_qwen3, tmp_path, "--sparse-attn-tolerance", "0")
+    default, visible_d = _blocks_read(tiny_qwen3, tmp_path)
+    loosest, visible_l = _blocks_read(tiny_qwen3, tmp_path, "--sparse-attn-tolerance", "1")
+    assert visible == visible_d == visible_l > 0
+    assert whole >= 0.25 * visible, (whole, visible)
+    assert loosest < whole and loosest <= default <= whole, (loosest, default, whole)

@@ -95,6 +95,7 @@ def test_every_tool_offers_every_row(tool: str) -> None:
 BAD = [
     ("--sparse-attn-block-size", "48", 48, "sparse_attn_block_size"),
     ("--sparse-attn-coverage", "1.5", 1.5, "sparse_attn_coverage"),
+    ("--sparse-attn-tolerance", "1.5", 1.5, "sparse_attn_tolerance"),
     ("--sparse-attn-topk", "-1", -1, "sparse_attn_topk"),
     ("--sparse-attn-min-kv", "16777217", 16777217, "sparse_attn_min_kv"),
     ("--scsa-cluster-size", "7", 7, "scsa_cluster_size"),

@@ -70,6 +70,7 @@ struct fuzz_case {
     int64_t   D, n_head_kv, gqa, n_kv, n_rows, n_stream;
     int       block, topk, sink, recent;
     float     coverage;
+    float     tolerance; // the key sketch's: 0 reads the whole budget
     ggml_type type_kv;
     keys_kind keys;
     mask_kind mask;
@@ -82,11 +83,12 @@ struct fuzz_case {
     int64_t bounds_width() const { return 2*D + (sketch ? D + 1 : 0); }
 
     std::string str() const {
-        char buf[384];
+        char buf[400];
         snprintf(buf, sizeof(buf), "D=%lld kv_heads=%lld gqa=%lld n_kv=%lld rows=%lld streams=%lld block=%d topk=%d coverage=%.3f "
-                 "sink=%d recent=%d kv_type=%s keys=%s mask=%s fill=%s threads=%d seed=%u sketch=%d",
+                 "tolerance=%g sink=%d recent=%d kv_type=%s keys=%s mask=%s fill=%s threads=%d seed=%u sketch=%d",
                  (long long) D, (long long) n_head_kv, (long long) gqa, (long long) n_kv, (long long) n_rows, (long long) n_stream,
-                 block, topk, coverage, sink, recent, ggml_type_name(type_kv), name(keys), name(mask), name(fill), threads, seed, (int) sketch);
+                 block, topk, coverage, (double) tolerance, sink, recent, ggml_type_name(type_kv), name(keys), name(mask), name(fill),
+                 threads, seed, (int) sketch);
         return buf;
     }
 };
@@ -153,6 +155,12 @@ fuzz_case random_case(std::mt19937 & rng, int threads) {
         c.coverage = std::uniform_real_distribution<float>(0.05f, 0.6f)(rng);
         c.recent   = (int) pick({0, 1, 64});
     }
+    if (c.sketch && rng() % 2) {
+        // the budget as a ceiling: from a tolerance that stops early now and then to one that
+        // reads nothing beyond the forced blocks
+        const float tolerances[] = {0.001f, 0.01f, 0.1f, 1.0f};
+        c.tolerance = tolerances[rng() % 4];
+    }
     return c;
 }
 
@@ -176,6 +184,7 @@ void merge_value(float * b, const float * value, int64_t D) {
 struct graph_out {
     std::vector<float>   filled, sparse, dense;
     std::vector<int32_t> sel;
+    std::vector<int32_t> sel_whole; // with a tolerance: the same selection reading its whole budget
 };
 
 void set_quantized(ggml_tensor * t, const std::vector<float> & x) {
@@ -365,8 +374,12 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
     ggml_tensor * filled = c.sketch ? ggml_sparse_attn_fill_kv(ctx, bounds, k_cur, v_cur, k_idxs, c.block, (int) c.n_kv)
                                     : ggml_sparse_attn_fill(ctx, bounds, k_cur, k_idxs, c.block, (int) c.n_kv);
     ggml_tensor * sel    = c.sketch ?
-        ggml_sparse_attn_select_sketch(ctx, q, ggml_permute(ctx, ks, 0, 2, 1, 3), filled, mask, scale, c.block, c.topk, c.coverage, c.sink, c.recent) :
+        ggml_sparse_attn_select_sketch(ctx, q, ggml_permute(ctx, ks, 0, 2, 1, 3), filled, mask, scale, c.block, c.topk, c.coverage,
+                                       c.tolerance, c.sink, c.recent) :
         ggml_sparse_attn_select(ctx, q, filled, mask, c.block, c.topk, c.coverage, c.sink, c.recent);
+    ggml_tensor * sel_whole = c.tolerance > 0.0f ?
+        ggml_sparse_attn_select_sketch(ctx, q, ggml_permute(ctx, ks, 0, 2, 1, 3), filled, mask, scale, c.block, c.topk, c.coverage,
+                                       0.0f, c.sink, c.recent) : nullptr;
     ggml_tensor * sparse = ggml_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, 0.0f);
     ggml_flash_attn_ext_set_block_sel(sparse, sel, c.block);
     if (c.sketch) {
@@ -377,6 +390,9 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, filled);
     ggml_build_forward_expand(gf, sel);
+    if (sel_whole) {
+        ggml_build_forward_expand(gf, sel_whole);
+    }
     ggml_build_forward_expand(gf, sparse);
     ggml_build_forward_expand(gf, dense);
 
@@ -412,7 +428,8 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
         fprintf(stderr, "error: graph compute failed\n");
         exit(1);
     }
-    graph_out out{get<float>(filled), get<float>(sparse), get<float>(dense), get<int32_t>(sel)};
+    graph_out out{get<float>(filled), get<float>(sparse), get<float>(dense), get<int32_t>(sel),
+                  sel_whole ? get<int32_t>(sel_whole) : std::vector<int32_t>()};
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
     return out;
@@ -573,6 +590,20 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     if ((uint32_t) w[b >> 5] >> (b & 31) & 1u) { return "a bit beyond the last block is set" + where; }
                 }
                 if (w[n_words] != pop)      { return "n_selected " + std::to_string(w[n_words]) + " != popcount " + std::to_string(pop) + where; }
+                if (c.tolerance > 0.0f) {
+                    // a tolerance only stops the ranking early: the blocks read are among those the
+                    // whole budget reads, with the same log masses
+                    const int32_t * w0 = opt.sel_whole.data() + ((s*c.n_rows + r)*c.n_head_kv + h)*W;
+                    for (int64_t b = 0; b < n_blocks; ++b) {
+                        if (((uint32_t) w[b >> 5] >> (b & 31) & 1u) && !((uint32_t) w0[b >> 5] >> (b & 31) & 1u)) {
+                            return "tolerance " + std::to_string(c.tolerance) + " reads block " + std::to_string(b) +
+                                   ", which the whole budget does not" + where;
+                        }
+                    }
+                    if (memcmp(w + n_words + 1, w0 + n_words + 1, (W - n_words - 1)*sizeof(int32_t)) != 0) {
+                        return "a tolerance changed the visible count or the log masses" + where;
+                    }
+                }
                 if (w[n_words + 1] != n_vis) { return "n_visible " + std::to_string(w[n_words + 1]) + " != " + std::to_string(n_vis) + where; }
                 if (budget >= n_vis && pop != n_vis) { return "budget covers every visible block but not all are selected" + where; }
                 if (c.sketch) {
@@ -769,7 +800,7 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(seed);
     int n_failed = 0;
     int per_keys[(int) keys_kind::count] = {}, per_mask[(int) mask_kind::count] = {}, per_fill[(int) fill_kind::count] = {};
-    int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0, n_streams_alone = 0;
+    int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0, n_tolerance = 0, n_streams_alone = 0;
 
     const std::pair<const char *, std::string (*)(ggml_backend_t)> designed[] = {
         {"the key sketch reads the block whose stand-in is furthest off", designed_stand_in_error},
@@ -818,6 +849,7 @@ int main(int argc, char ** argv) {
         per_mask[(int) c.mask]++;
         per_fill[(int) c.fill]++;
         n_sketch += c.sketch;
+        n_tolerance += c.tolerance > 0.0f;
         if (!err.empty()) {
             n_failed++;
             printf("FAIL case %d: %s\n  %s\n", i, c.str().c_str(), err.c_str());
@@ -836,7 +868,7 @@ int main(int argc, char ** argv) {
     for (int m = 0; m < (int) mask_kind::count; ++m) { printf(" %s %d", name((mask_kind) m), per_mask[m]); }
     printf("; fills:");
     for (int f = 0; f < (int) fill_kind::count; ++f) { printf(" %s %d", name((fill_kind) f), per_fill[f]); }
-    printf("; key sketch %d; streams against alone %d; designed %d", n_sketch, n_streams_alone,
+    printf("; key sketch %d (with a tolerance %d); streams against alone %d; designed %d", n_sketch, n_tolerance, n_streams_alone,
            (int) (sizeof(designed)/sizeof(designed[0])));
     printf("; NaN placement not compared (upstream's -inf score rule): %d\n", n_upstream_nonfinite);
     ggml_backend_free(backend);
