@@ -130,6 +130,7 @@ MALFORMED = {
     "fill-row-past-end":   "a row index outside the cache",
     "fill-block-size-0":   "block_size and kv_size must be positive",
     "select-coverage-nan": "coverage in (0, 1]",
+    "select-tolerance-nan": "tolerance in [0, 1]",   # the key sketch's ceiling (op param 6), 0 elsewhere
     "select-block-size-0": "block_size > 0",
     "fa-block-size-0":     "block_size must be positive",
     "fa-selection-shape":  "the block selection's shape does not match",
@@ -145,10 +146,13 @@ def test_rpc_server_refuses_malformed_sparse_ops_and_stays_up(rpc_process: RpcSe
     first = rpccheck(rpc_process.endpoint, "valid")
     assert first.returncode == 0 and first.stdout.startswith("ok valid"), first.stdout + first.stderr
     for case, reason in MALFORMED.items():
+        seen = len(rpc_process.log_path.read_text(errors="replace"))
         refused = rpccheck(rpc_process.endpoint, case)
         assert refused.returncode != 0, f"{case}: the server ran it: {refused.stdout}"
+        assert "unknown case" not in refused.stderr, f"{case}: the client does not know the case: {refused.stderr}"
         assert rpc_process.proc.poll() is None, f"{case}: the server died\n" + rpc_process.log_path.read_text()[-3000:]
-        log = rpc_process.log_path.read_text(errors="replace")
+        # the refusal this case caused, not an earlier case's
+        log = rpc_process.log_path.read_text(errors="replace")[seen:]
         assert f"refused graph node" in log and reason in log, f"{case}: no refusal in the log\n{log[-3000:]}"
         # and it still serves a well-formed graph, with the same result as before
         again = rpccheck(rpc_process.endpoint, "valid")

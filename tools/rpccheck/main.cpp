@@ -9,7 +9,7 @@
 //
 //   llama-sparse-rpccheck HOST:PORT CASE
 // CASE: valid | scsa-host-pointer | fill-negative-row | fill-row-past-end | fill-block-size-0 |
-//       select-coverage-nan | select-block-size-0 | fa-block-size-0 | fa-selection-shape
+//       select-coverage-nan | select-tolerance-nan | select-block-size-0 | fa-block-size-0 | fa-selection-shape
 
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -42,7 +42,8 @@ int main(int argc, char ** argv) {
     }
     const std::string endpoint = argv[1], which = argv[2];
     static const char * cases[] = {"valid", "scsa-host-pointer", "fill-negative-row", "fill-row-past-end", "fill-block-size-0",
-                                   "select-coverage-nan", "select-block-size-0", "fa-block-size-0", "fa-selection-shape"};
+                                   "select-coverage-nan", "select-tolerance-nan", "select-block-size-0", "fa-block-size-0",
+                                   "fa-selection-shape"};
     bool known = false;
     for (const char * c : cases) { known = known || which == c; }
     if (!known) {
@@ -114,6 +115,7 @@ int main(int argc, char ** argv) {
     if (which == "fill-block-size-0")   { node->op_params[0] = 0; }
     if (which == "select-block-size-0") { node->op_params[0] = 0; }
     if (which == "select-coverage-nan") { const float nan = NAN; memcpy(&node->op_params[2], &nan, sizeof(float)); }
+    if (which == "select-tolerance-nan") { const float nan = NAN; memcpy(&node->op_params[6], &nan, sizeof(float)); }
     if (which == "fa-block-size-0")     { node->op_params[5] = 0; }
     if (which == "fa-selection-shape")  { node->op_params[5] = 16; } // the selection has words for blocks of 64
     ggml_backend_tensor_set(k_idxs, rows.data(), 0, ggml_nbytes(k_idxs));
