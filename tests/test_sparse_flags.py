@@ -195,3 +195,13 @@ def test_tolerance_makes_the_coverage_a_ceiling(tiny_qwen3, tmp_path) -> None:
     assert visible == visible_d == visible_l > 0
     assert whole >= 0.25 * visible, (whole, visible)
     assert loosest < whole and loosest <= default <= whole, (loosest, default, whole)
+
+
+def test_tolerance_with_the_key_bounds_is_reported_not_ignored(tiny_qwen3, tmp_path) -> None:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("The grass is green. " * 60)
+    proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "1024",
+                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-tolerance", "0.03",
+                           "--dump-steps", "2", "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--sparse-attn-tolerance) 0.03 applies to the key sketch; the key bounds read the whole coverage" in proc.stderr

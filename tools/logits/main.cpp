@@ -126,12 +126,12 @@ int main(int argc, char ** argv) {
     fprintf(stderr, "wrote %d rows of %d logits (prompt %zu tokens) to %s\n", n_steps + 1, n_vocab, prompt.size(), out_path.c_str());
 #ifdef LLAMA_SPARSE_API_VERSION   // the patched tree (common.h includes llama-sparse.h); this tool is built against upstream's too
     llama_sparse_stats st;
-    if (llama_sparse_get_stats(ctx, -1, &st, false) && st.sparse_attn != LLAMA_SPARSE_ATTN_OFF &&
-        st.method == LLAMA_SPARSE_METHOD_BLOCK) {
+    const bool have_stats = llama_sparse_get_stats(ctx, -1, &st, false) && st.sparse_attn != LLAMA_SPARSE_ATTN_OFF;
+    if (have_stats && st.method == LLAMA_SPARSE_METHOD_BLOCK) {
         fprintf(stderr, "block: read %llu of %llu visible blocks\n", (unsigned long long) st.blocks_read,
                 (unsigned long long) st.blocks_visible);
     }
-    if (llama_sparse_get_stats(ctx, -1, &st, false) && st.method == LLAMA_SPARSE_METHOD_SCSA) {
+    if (have_stats && st.method == LLAMA_SPARSE_METHOD_SCSA) {
         // what SCSA did over the run, for the gates and tests that read this log
         fprintf(stderr, "scsa: calls %lld, read %lld of %lld visible rows (opened %lld, exact %lld), rebuilds %lld, "
                         "exact calls %lld, calibration %d steps, %s\n",
