@@ -82,13 +82,14 @@ def test_the_environment_switches_sparse_attention_on_without_a_flag(tiny_qwen3:
 
 def test_on_alone_is_the_key_sketch_at_a_quarter_on_the_cpu(tiny_qwen3: Path, tmp_path: Path) -> None:
     """The defaults are the product: `on` and nothing else resolves, for a CPU KV cache, to the key
-    sketch reading a quarter of the blocks; asking for the bounds gives them their own coverage."""
+    sketch reading at most a quarter of the blocks, stopping at a tolerance of 0.03; asking for the
+    bounds gives them their own coverage and no tolerance."""
     proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sparse_attn           = on (key sketch, block tail, block 32, coverage 0.25," in proc.stderr
+    assert "sparse_attn           = on (key sketch, block tail, block 32, coverage 0.25, tolerance 0.03, sink" in proc.stderr
     proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on", "--sparse-attn-score", "bound")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sparse_attn           = on (key bounds, block 32, coverage 0.625," in proc.stderr
+    assert "sparse_attn           = on (key bounds, block 32, coverage 0.625, sink" in proc.stderr
 
 
 def test_a_flag_wins_over_the_environment(tiny_qwen3: Path, tmp_path: Path) -> None:

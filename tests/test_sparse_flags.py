@@ -90,9 +90,10 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
     # bounds: the least that kept every needle dense finds in prose (docs/needles-in-prose.md)
     assert "(a number in (0, 1]; default: 0.25 with the key sketch, 0.625 with the key bounds)" in entries["--sparse-attn-coverage"], entries
     assert "(auto, bound or sketch; default: auto)" in entries["--sparse-attn-score"], entries
-    # the whole coverage by default: a tolerance of 0.01 already lost a needle dense finds in prose
-    # (docs/needles-in-prose.md)
-    assert "(a number in [0, 1]; default: 0)" in entries["--sparse-attn-tolerance"], entries
+    # 0.03 with the key sketch, never below half the coverage: the tolerance alone lost a needle
+    # dense finds in prose, with the floor it kept them all (docs/needles-in-prose.md); the bounds
+    # give no estimate to stop on
+    assert "(a number in [0, 1]; default: 0.03 with the key sketch, 0 with the key bounds)" in entries["--sparse-attn-tolerance"], entries
     assert "(off, on, auto or scsa; default: off)" in entries["--sparse-attn"], entries
     assert "(block or scsa; default: block)" in entries["--sparse-attn-method"], entries
 
@@ -102,7 +103,8 @@ def test_llama_bench_default_coverage_is_the_servers(tiny_qwen3) -> None:
                            "-r", "1", "-t", "2", "--sparse-attn", "on"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25 with the key sketch, 0.625 with the key bounds" in proc.stderr
+    assert ("block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25 with the key sketch, "
+            "0.625 with the key bounds, tolerance 0.03 with the key sketch,") in proc.stderr
 
 
 # the edges of every range are accepted, and the model decodes with them
@@ -187,13 +189,18 @@ def _blocks_read(tiny_qwen3, tmp_path, *flags: str) -> tuple[int, int]:
 
 
 def test_tolerance_makes_the_coverage_a_ceiling(tiny_qwen3, tmp_path) -> None:
-    """--sparse-attn-tolerance 0 reads the whole coverage; a tolerance reads at most that, and 1
-    (every stand-in good enough) only the sink and recent blocks."""
+    """--sparse-attn-tolerance 0 reads the whole coverage; a tolerance reads at most that and at
+    least half of it: 1 (every stand-in good enough) reads half. The default is 0.03."""
     whole, visible = _blocks_read(tiny_qwen3, tmp_path, "--sparse-attn-tolerance", "0")
     default, visible_d = _blocks_read(tiny_qwen3, tmp_path)
+    explicit, visible_e = _blocks_read(tiny_qwen3, tmp_path, "--sparse-attn-tolerance", "0.03")
     loosest, visible_l = _blocks_read(tiny_qwen3, tmp_path, "--sparse-attn-tolerance", "1")
-    assert visible == visible_d == visible_l > 0
+    assert visible == visible_d == visible_e == visible_l > 0
     assert whole >= 0.25 * visible, (whole, visible)
+    assert default == explicit, (default, explicit)
+    # per row and KV head the floor is half the budget, and the whole coverage reads the budget
+    # (or the forced blocks where they are more): summed, at least half of what it reads
+    assert 2 * loosest >= whole, (loosest, whole)
     assert loosest < whole and loosest <= default <= whole, (loosest, default, whole)
 
 
@@ -205,3 +212,10 @@ def test_tolerance_with_the_key_bounds_is_reported_not_ignored(tiny_qwen3, tmp_p
                            "--dump-steps", "2", "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--sparse-attn-tolerance) 0.03 applies to the key sketch; the key bounds read the whole coverage" in proc.stderr
+    # the default tolerance is the score's own: with the bounds, 0, and nothing to report
+    proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "1024",
+                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-score", "bound", "-lv", "4",
+                           "--dump-steps", "2", "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "applies to the key sketch" not in proc.stderr
+    assert "key bounds, block 32, coverage 0.625, sink" in proc.stderr, proc.stderr[-2000:]

@@ -53,7 +53,7 @@ class SparseParams(ctypes.Structure):
         ("scsa_sink", ctypes.c_int32),
         ("scsa_recent", ctypes.c_int32),
         ("sparse_attn_score", ctypes.c_int),  # API version 4: 0 key bounds, 1 key sketch; 5: 2 auto (the default)
-        ("sparse_attn_tolerance", ctypes.c_float),  # API version 6: the key sketch's, 0 reads the whole coverage
+        ("sparse_attn_tolerance", ctypes.c_float),  # API version 6: the key sketch's, 0 reads the whole coverage, -1 the score's own
     ]
 
 

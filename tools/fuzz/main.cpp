@@ -157,7 +157,7 @@ fuzz_case random_case(std::mt19937 & rng, int threads) {
     }
     if (c.sketch && rng() % 2) {
         // the budget as a ceiling: from a tolerance that stops early now and then to one that
-        // reads nothing beyond the forced blocks
+        // reads half the budget, the floor
         const float tolerances[] = {0.001f, 0.01f, 0.1f, 1.0f};
         c.tolerance = tolerances[rng() % 4];
     }
@@ -602,6 +602,12 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     }
                     if (memcmp(w + n_words + 1, w0 + n_words + 1, (W - n_words - 1)*sizeof(int32_t)) != 0) {
                         return "a tolerance changed the visible count or the log masses" + where;
+                    }
+                    // and it never stops before half the budget (or all the whole budget reads)
+                    const int64_t floor_sel = std::min<int64_t>((budget + 1)/2, w0[n_words]);
+                    if (pop < floor_sel) {
+                        return "tolerance " + std::to_string(c.tolerance) + " read " + std::to_string(pop) +
+                               " blocks, fewer than half the budget " + std::to_string(budget) + where;
                     }
                 }
                 if (w[n_words + 1] != n_vis) { return "n_visible " + std::to_string(w[n_words + 1]) + " != " + std::to_string(n_vis) + where; }
