@@ -180,6 +180,8 @@ arms: [dense]
     assert any(t == "niah_multikey_1" for t, _ in found), r.samples
     assert any("prose haystack: pydoc_data.topics" in n for n in ctx.report.notes)
     assert all(abs(s["prompt_tokens"] - 2048) <= 0.02 * 2048 for s in r.samples)
+    # every answer carries its decisive margin, read from the server's top-2 log-probabilities
+    assert all(isinstance(s.get("margin"), float) and s["margin"] >= 0 for s in r.samples), r.samples
 
 
 def test_niah_shared_prefill_answers_as_each_arm_alone(tmp_path: Path) -> None:
@@ -213,6 +215,8 @@ n_predict: 8
     assert all(r.error is None for r in shared.report.results), [r.error for r in shared.report.results]
     assert len(outputs["dense"]) == 3 and all(outputs["dense"])
     assert outputs["dense-again"] == outputs["dense"] == outputs["anchor"]
+    margins = {r.arm: [x.get("margin") for x in r.samples] for r in shared.report.results}
+    assert margins["anchor"] == margins["dense"] and all(m is not None for m in margins["dense"]), margins
     assert [x["output"] for x in alone.report.results[0].samples] == outputs["dense"]
     assert len(outputs["top-k"]) == 3
     evaluated = {r.arm: [x.get("prompt_evaluated") for x in r.samples] for r in shared.report.results}

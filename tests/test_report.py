@@ -250,6 +250,39 @@ def test_niah_report_lists_every_needle_against_the_first_arm(tmp_path: Path) ->
     assert "| niah_multikey_1#1 | 0.33 | `7654321.` | found |" in md
 
 
+def test_needle_table_shows_the_reference_margin_and_names_thin_needles(tmp_path: Path) -> None:
+    path = tmp_path / "niah-prose.yaml"
+    path.write_text(yaml.safe_dump({"kind": "niah", "models": ["smollm2-135m"], "context_lengths": [7168],
+                                    "tasks": ["niah_multikey_2"], "arms": ["dense", {"name": "on", "flags": []}]}))
+    dense = ArmResult(arm="dense", model="smollm2-135m", context=7168, cache_type="f16", metrics={"niah": 1.0},
+                      samples=[{**needle_record("niah_multikey_2", 0, True), "margin": 0.134},
+                               {**needle_record("niah_multikey_2", 1, True), "margin": 1.5}])
+    on = ArmResult(arm="on", model="smollm2-135m", context=7168, cache_type="f16", metrics={"niah": 0.5},
+                   samples=[{**needle_record("niah_multikey_2", 0, False), "margin": 0.106},
+                            {**needle_record("niah_multikey_2", 1, True), "margin": 1.4}])
+    md = markdown_table(GateReport(spec=load(path), started="s", results=[dense, on]))
+    assert "| needle | depth | dense's margin | dense | on |" in md
+    assert "| niah_multikey_2#0 | 0.00 | 0.13 (thin) | found | LOST `7654321.` |" in md
+    assert "| niah_multikey_2#1 | 0.33 | 1.50 | found | found |" in md
+    assert "by less than 0.25 nats" in md
+    assert "flip them in a dense run as well): niah_multikey_2#0." in md
+
+
+def test_decisive_margin_is_the_smallest_gap_over_the_answer_tokens() -> None:
+    from llama_sparse.gates.needles import decisive_margin
+
+    def step(token: str, a: float, b: float) -> dict:
+        return {"token": token, "top_logprobs": [{"token": token, "logprob": a}, {"token": "x", "logprob": b}]}
+
+    resp = {"completion_probabilities": [step(" \"", -0.3, -0.31), step("19", -1.5, -1.7), step("14", -0.1, -3.0),
+                                         step("164", -0.2, -4.0), step("0", -0.5, -0.6), step("\"", -2.0, -2.01)]}
+    # ' "1914164' spells the 7-character value: the quote before it (0.01) and the tokens after
+    # it are not part of the value
+    assert decisive_margin(resp, ["1914164"]) == 0.2
+    assert decisive_margin(resp, ["19141640"]) == 0.1  # a longer value takes the next token too
+    assert decisive_margin({"content": "x"}, ["1"]) is None  # no probabilities sent
+
+
 def test_compare_needles_is_needle_by_needle_not_a_count() -> None:
     from llama_sparse.gates.needles import compare_needles
 

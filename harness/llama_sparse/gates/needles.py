@@ -9,6 +9,7 @@ error of that arm, with the samples answered so far kept; never a score.
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -59,13 +60,44 @@ def make_sample_sets(ctx: GateContext, model: str, n_ctx: int, n_predict: int,
     return samples, calibration
 
 
-def sample_record(s: niah.NiahSample, output: str, prompt_evaluated: int | None = None) -> dict:
+LEADING_NON_WORD = re.compile(r"^[^0-9A-Za-z]+")
+N_PROBS = 2  # each answer token and its runner-up: what the decisive margin is read from
+
+
+def decisive_margin(resp: dict, values: tuple[str, ...] | list[str]) -> float | None:
+    """How close a greedy answer came to another value: the smallest gap, in nats, between a
+    generated token's log-probability and its runner-up's, over the tokens that spell the answer's
+    value (those with a letter or digit, until the output, from its first letter or digit, is as
+    long as the longest expected value). Punctuation and blanks (a quote or none before the
+    number, often chosen from the prompt's own logits) are left out: they never change the value.
+    A needle found by a gap of 0.1 can flip under any change to the attention output (a cache
+    type, a SIMD width), so the report shows it beside the found/lost verdict. None when no such
+    token has probabilities."""
+    steps = resp.get("completion_probabilities") or []
+    want = max((len(v) for v in values), default=0)
+    text, gaps = "", []
+    for step in steps:
+        top = step.get("top_logprobs") or []
+        token = step.get("token", "")
+        if len(top) >= 2 and any(ch.isalnum() for ch in token):
+            gaps.append(top[0]["logprob"] - top[1]["logprob"])
+        text += token
+        if len(LEADING_NON_WORD.sub("", text)) >= want:
+            break
+    return round(min(gaps), 4) if gaps else None
+
+
+def sample_record(s: niah.NiahSample, output: str, prompt_evaluated: int | None = None,
+                  margin: float | None = None) -> dict:
     """One answer. `prompt_evaluated`: the prompt tokens the server evaluated for it (the timings'
-    prompt_n), where the gate reads it (shared prefill: a restored slot re-reads one)."""
+    prompt_n), where the gate reads it (shared prefill: a restored slot re-reads one); `margin`:
+    its decisive margin (decisive_margin)."""
     rec = {"task": s.task, "index": s.index, "depth": s.depth, "prompt_tokens": s.prompt_tokens,
            "key": s.key, "expected": list(s.values), "output": output, "score": niah.score(s, output)}
     if prompt_evaluated is not None:
         rec["prompt_evaluated"] = prompt_evaluated
+    if margin is not None:
+        rec["margin"] = margin
     return rec
 
 
@@ -125,9 +157,9 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
             def one(s: niah.NiahSample, delay: float = 0.0) -> dict:
                 time.sleep(delay)
                 n = staggered_n_predict(n_predict, s.index) if stagger else n_predict
-                out = server.complete(s.prompt, n_predict=n).get("content", "")
+                resp = server.complete(s.prompt, n_predict=n, n_probs=N_PROBS)
                 task.advance()
-                return sample_record(s, out)
+                return sample_record(s, resp.get("content", ""), margin=decisive_margin(resp, s.values))
 
             if batch == 1:
                 for s in samples:
@@ -200,12 +232,13 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                         server.complete(s.prompt, n_predict=1, id_slot=0)
                         server.request("POST", "/slots/0?action=save", json={"filename": SLOT_FILE})
                     server.request("POST", "/slots/0?action=restore", json={"filename": SLOT_FILE})
-                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0)
+                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0, n_probs=N_PROBS)
                     evaluated = int(resp.get("timings", {}).get("prompt_n", 0))
                     if evaluated > MAX_REUSED_TAIL:
                         raise ArmError(f"arm {arm.name}: the restored prefill was not reused "
                                         f"({evaluated} prompt tokens evaluated)")
-                    result.samples.append(sample_record(s, resp.get("content", ""), evaluated))
+                    result.samples.append(sample_record(s, resp.get("content", ""), evaluated,
+                                                        decisive_margin(resp, s.values)))
                 except ArmError as e:
                     result.fail(f"{e}\n{kept(result, samples)}")
             task.advance()

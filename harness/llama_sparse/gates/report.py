@@ -399,6 +399,11 @@ def markdown_table(report: GateReport) -> str:
     return "\n".join(out) + "\n"
 
 
+# a needle the reference finds by a smaller decisive margin (nats) is marked thin: on SmolLM2 at
+# 7K dense found one by 0.13 that dense with a q4_0 KV cache lost, and each build width moves it
+THIN_MARGIN_NATS = 0.25
+
+
 def needle_id(record: dict) -> str:
     return f"{record['task']}#{record['index']}"
 
@@ -426,11 +431,20 @@ def _needle_table(report: GateReport) -> list[str]:
         if len(results) < 2:
             continue
         ref = results[0]
+        margins = any("margin" in x for x in ref.samples)
         out += ["", f"## Needle by needle: {model}, {tokens_label(context)}, {cache} (against {ref.arm})", "",
-                "| needle | depth | " + " | ".join(r.arm for r in results) + " |",
-                "|---|--:|" + "---|" * len(results)]
+                "| needle | depth | " + (f"{ref.arm}'s margin | " if margins else "")
+                + " | ".join(r.arm for r in results) + " |",
+                "|---|--:|" + ("--:|" if margins else "") + "---|" * len(results)]
         by_arm = [{(x["task"], x["index"]): x for x in r.samples} for r in results]
+        thin = []
         for key, first in by_arm[0].items():
+            margin = ""
+            if margins:
+                m = first.get("margin")
+                margin = "- | " if m is None else f"{m:.2f}{' (thin)' if m < THIN_MARGIN_NATS else ''} | "
+                if m is not None and m < THIN_MARGIN_NATS and first["score"] == 1.0:
+                    thin.append(f"{key[0]}#{key[1]}")
             cells = []
             for i, samples in enumerate(by_arm):
                 x = samples.get(key)
@@ -442,7 +456,12 @@ def _needle_table(report: GateReport) -> list[str]:
                     answer = " ".join(x["output"].split())[:14] or "(empty)"
                     lost = i > 0 and first["score"] == 1.0
                     cells.append(("LOST " if lost else "") + f"`{answer}`")
-            out.append(f"| {key[0]}#{key[1]} | {first['depth']:.2f} | " + " | ".join(_cell(c) for c in cells) + " |")
+            out.append(f"| {key[0]}#{key[1]} | {first['depth']:.2f} | {margin}" + " | ".join(_cell(c) for c in cells) + " |")
+        if margins:
+            out += ["", f"Margin: the smallest gap, in nats, between {ref.arm}'s answer token and its runner-up over the "
+                    f"tokens that spell the answer's value. Needles {ref.arm} finds by less than {THIN_MARGIN_NATS} nats "
+                    "(\"thin\": a cache type or a SIMD width can flip them in a dense run as well): "
+                    + (", ".join(thin) if thin else "none") + "."]
     return out
 
 
