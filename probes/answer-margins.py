@@ -14,9 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from llama_sparse.models import resolve
 from llama_sparse.server import ServerConfig, ServerProcess
-
-MODEL = Path.home() / ".cache/llama-sparse/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main() -> None:
@@ -27,12 +26,13 @@ def main() -> None:
     ap.add_argument("--n-predict", type=int, default=9)
     ap.add_argument("--logs", type=Path, default=Path("/tmp/answer-margins"))
     args = ap.parse_args()
+    model = resolve("smollm2-135m")
     sample = next(x for x in json.loads(args.samples.read_text()) if x["index"] == args.index)
     args.logs.mkdir(parents=True, exist_ok=True)
     for n, config in enumerate(args.configs):
         bindir, flags, envs = (config.split(":", 2) + ["", ""])[:3]
         env = {"LD_LIBRARY_PATH": bindir, **dict(e.split("=", 1) for e in envs.split(",") if e)}
-        cfg = ServerConfig(model=MODEL, ctx_size=sample["prompt_tokens"] + 128, threads=2, cache_type_k="f16",
+        cfg = ServerConfig(model=model, ctx_size=sample["prompt_tokens"] + 128, threads=2, cache_type_k="f16",
                            cache_type_v="f16", extra_args=flags.split(), binary=Path(bindir) / "llama-server", env=env)
         with ServerProcess(cfg, args.logs / f"{n}.log") as server:
             r = server.complete(sample["prompt"], n_predict=args.n_predict, n_probs=4)

@@ -6,6 +6,7 @@ would cost. Usage: python probes/thin-steps.py SAMPLES_JSON [BIN_DIR]
 import json
 import sys
 from pathlib import Path
+from llama_sparse.models import resolve
 from llama_sparse.server import ServerConfig, ServerProcess
 S = json.loads(Path(sys.argv[1]).read_text())
 BIN = sys.argv[2] if len(sys.argv) > 2 else "build/patched/bin"
@@ -13,7 +14,7 @@ p = next(x for x in S if x["index"] == 9)["prompt"]
 cut = p.rfind("What is the special magic number")
 text = p[:cut] if cut > 0 else p[: len(p) * 9 // 10]
 prompt = text + "\n\nWrite a summary of the text above in a few paragraphs.\nSummary:"
-model = Path.home() / ".cache/llama-sparse/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+model = resolve("smollm2-135m")
 for flags in ["", "--sparse-attn on"]:
     cfg = ServerConfig(model=model, ctx_size=8192 + 512, threads=2, cache_type_k="f16", cache_type_v="f16",
                        extra_args=flags.split(), binary=Path(BIN) / "llama-server", env={"LD_LIBRARY_PATH": BIN})

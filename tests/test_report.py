@@ -256,7 +256,8 @@ def test_needle_table_shows_the_reference_margin_and_names_thin_needles(tmp_path
                                     "tasks": ["niah_multikey_2"], "arms": ["dense", {"name": "on", "flags": []}]}))
     dense = ArmResult(arm="dense", model="smollm2-135m", context=7168, cache_type="f16", metrics={"niah": 1.0},
                       samples=[{**needle_record("niah_multikey_2", 0, True), "margin": 0.134},
-                               {**needle_record("niah_multikey_2", 1, True), "margin": 1.5}])
+                               {**needle_record("niah_multikey_2", 1, True), "margin": 1.5},
+                               {**needle_record("niah_multikey_2", 2, False), "margin": 0.05}])
     on = ArmResult(arm="on", model="smollm2-135m", context=7168, cache_type="f16", metrics={"niah": 0.5},
                    samples=[{**needle_record("niah_multikey_2", 0, False), "margin": 0.106},
                             {**needle_record("niah_multikey_2", 1, True), "margin": 1.4}])
@@ -264,6 +265,7 @@ def test_needle_table_shows_the_reference_margin_and_names_thin_needles(tmp_path
     assert "| needle | depth | dense's margin | dense | on |" in md
     assert "| niah_multikey_2#0 | 0.00 | 0.13 (thin) | found | LOST `7654321.` |" in md
     assert "| niah_multikey_2#1 | 0.33 | 1.50 | found | found |" in md
+    assert "| niah_multikey_2#2 | 0.67 | 0.05 | `7654321.` | - |" in md  # a wrong answer is no thin needle
     assert "by less than 0.25 nats" in md
     assert "flip them in a dense run as well): niah_multikey_2#0." in md
 

@@ -442,8 +442,9 @@ def _needle_table(report: GateReport) -> list[str]:
             margin = ""
             if margins:
                 m = first.get("margin")
-                margin = "- | " if m is None else f"{m:.2f}{' (thin)' if m < THIN_MARGIN_NATS else ''} | "
-                if m is not None and m < THIN_MARGIN_NATS and first["score"] == 1.0:
+                is_thin = m is not None and m < THIN_MARGIN_NATS and first["score"] == 1.0
+                margin = "- | " if m is None else f"{m:.2f}{' (thin)' if is_thin else ''} | "
+                if is_thin:
                     thin.append(f"{key[0]}#{key[1]}")
             cells = []
             for i, samples in enumerate(by_arm):
