@@ -160,6 +160,24 @@ def test_gemma3_global_layers_keep_exact_bounds(gemma3: Path, tmp_path: Path) ->
     assert_bounds_exact(select_all)
 
 
+@pytest.mark.parametrize("model_fixture", ["smollm2", "tiny_qwen3"])
+def test_a_recheck_of_every_step_equals_dense_through_every_cache_operation(request, tmp_path: Path, model_fixture: str) -> None:
+    """--sparse-attn-recheck 100 takes back every decode step that read sparsely (the key sketch
+    at a quarter of the blocks: no step has its two best tokens 100 nats apart) and computes it
+    again densely: every step's logits then hash as dense's, through every cache operation and
+    with two sequences in one batch, and the block statistics the take-backs freed and rebuilt
+    stay exact. The same run without the recheck differs from dense: the test can fail."""
+    model = request.getfixturevalue(model_fixture)
+    dense = cachecheck(model, tmp_path, "--sparse-attn", "off")
+    flags = ("--sparse-attn", "on", "--sparse-attn-score", "sketch", "--sparse-attn-coverage", "0.25")
+    rechecked = cachecheck(model, tmp_path, *flags, "--sparse-attn-recheck", "100")
+    sparse = cachecheck(model, tmp_path, *flags, "--sparse-attn-recheck", "0")
+    for name in SCENARIOS:
+        assert dense[name]["steps"] == rechecked[name]["steps"], f"{name}: rechecked logits differ from dense"
+    assert any(dense[name]["steps"] != sparse[name]["steps"] for name in SCENARIOS), "sparse equals dense: nothing was rechecked"
+    assert_bounds_exact(rechecked)
+
+
 @pytest.mark.parametrize("model_fixture", ["tiny_qwen3"])
 def test_select_all_equals_dense_with_a_kv_stream_per_sequence(request, tmp_path: Path, model_fixture: str) -> None:
     model = request.getfixturevalue(model_fixture)

@@ -189,6 +189,8 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": "soon"}, "stagger: must be seconds"),
     ({"stagger": 1}, "stagger: applies to kind niah only"),
     ({"speed_context": 8192}, "speed_context: applies to kind frontier only"),
+    ({"prompt_text": "poetry"}, "prompt_text: must be one of reference, prose, not 'poetry'"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "prompt_text": "prose"}, "prompt_text: applies to kind ab only"),
     ({"kind": "frontier", "arms": ["dense", "b"], "thresholds": {}, "speed_context": "fast"},
      "speed_context: must be a positive token count"),
     ({"kind": "frontier", "arms": ["dense"], "thresholds": {}}, "arms: kind frontier needs at least 2 arms"),
@@ -210,6 +212,11 @@ def test_bad_values_are_refused(tmp_path: Path, override: dict, expect: str) -> 
 
 def test_base_of_bad_values_is_valid(tmp_path: Path) -> None:
     assert load(write(tmp_path, yaml.safe_dump(BASE))).kind == "ab"
+
+
+def test_ab_prompt_text_is_read(tmp_path: Path) -> None:
+    assert load(write(tmp_path, yaml.safe_dump(BASE))).prompt_text == "reference"
+    assert load(write(tmp_path, yaml.safe_dump({**BASE, "prompt_text": "prose"}), name="p.yaml")).prompt_text == "prose"
 
 
 def test_stagger_with_a_batch_loads(tmp_path: Path) -> None:

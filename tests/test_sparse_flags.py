@@ -29,6 +29,9 @@ BAD = [
     ("--sparse-attn-tolerance", "-0.01", "a number in [0, 1]"),
     ("--sparse-attn-tolerance", "1.5", "a number in [0, 1]"),
     ("--sparse-attn-tolerance", "nan", "a number in [0, 1]"),
+    ("--sparse-attn-recheck", "-0.1", "a number in [0, 100]"),
+    ("--sparse-attn-recheck", "101", "a number in [0, 100]"),
+    ("--sparse-attn-recheck", "nan", "a number in [0, 100]"),
     ("--sparse-attn-recent", "-1", "an integer in [0, 1048576]"),
     ("--sparse-attn-recent", "1048577", "an integer in [0, 1048576]"),
     ("--sparse-attn-recent", "x", "an integer in [0, 1048576]"),
@@ -81,8 +84,8 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
     out = subprocess.run([str(binary(tool)), "--help"], capture_output=True, text=True, timeout=60)
     entries = _help_entries(out.stdout + out.stderr)
     for flag in ("--sparse-attn", "--sparse-attn-method", "--sparse-attn-block-size", "--sparse-attn-topk",
-                 "--sparse-attn-coverage", "--sparse-attn-tolerance", "--sparse-attn-recent", "--sparse-attn-sink",
-                 "--sparse-attn-min-kv"):
+                 "--sparse-attn-coverage", "--sparse-attn-tolerance", "--sparse-attn-recheck", "--sparse-attn-recent",
+                 "--sparse-attn-sink", "--sparse-attn-min-kv"):
         assert flag in entries, (flag, sorted(entries))
     # blocks of 32 rows by default: on prose they lose fewer needles than 64 (docs/needles-in-prose.md)
     assert "(a multiple of 32 in [32, 4096]; default: 32)" in entries["--sparse-attn-block-size"], entries
@@ -94,6 +97,9 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
     # dense finds in prose, with the floor it kept them all (docs/needles-in-prose.md); the bounds
     # give no estimate to stop on
     assert "(a number in [0, 1]; default: 0.03 with the key sketch, 0 with the key bounds)" in entries["--sparse-attn-tolerance"], entries
+    # a step whose two best tokens are within 0.25 nats is computed again densely: the one needle
+    # the defaults lost in prose was one dense gives by 0.13 nats (docs/needles-in-prose.md)
+    assert "(a number in [0, 100]; default: 0.25 with the block method)" in entries["--sparse-attn-recheck"], entries
     assert "(off, on, auto or scsa; default: off)" in entries["--sparse-attn"], entries
     assert "(block or scsa; default: block)" in entries["--sparse-attn-method"], entries
 
@@ -113,6 +119,7 @@ EDGE_VALUES = [
     ["--sparse-attn-topk", "0"], ["--sparse-attn-topk", "1"], ["--sparse-attn-topk", "1048576"],
     ["--sparse-attn-coverage", "1"], ["--sparse-attn-coverage", "0.001"],
     ["--sparse-attn-tolerance", "0"], ["--sparse-attn-tolerance", "1"],
+    ["--sparse-attn-recheck", "0"], ["--sparse-attn-recheck", "100"],
     ["--sparse-attn-recent", "0"], ["--sparse-attn-recent", "1048576"],
     ["--sparse-attn-sink", "0"], ["--sparse-attn-sink", "1048576"],
     ["--sparse-attn-min-kv", "0"], ["--sparse-attn-min-kv", "16777216"],
@@ -174,7 +181,8 @@ def test_no_fallback_warning_where_the_backend_runs_the_sizes(tiny_qwen3, start_
     assert "cannot run block-sparse attention" not in log
 
 
-def _blocks_read(tiny_qwen3, tmp_path, *flags: str) -> tuple[int, int]:
+def _ledger_run(tiny_qwen3, tmp_path, *flags: str) -> str:
+    """llama-sparse-logits on a 1.5K-token ledger, 8 decode steps with the key sketch: its log."""
     prompt = tmp_path / "p.txt"
     prompt.write_text(" ".join(f"Entry {i} of the ledger records {i * 37 % 101} crates of {('tea', 'salt', 'iron')[i % 3]}."
                                for i in range(90)))
@@ -183,9 +191,46 @@ def _blocks_read(tiny_qwen3, tmp_path, *flags: str) -> tuple[int, int]:
                            "--dump-steps", "8", "--dump-out", str(tmp_path / "o.bin")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    m = re.search(r"block: read (\d+) of (\d+) visible blocks", proc.stderr)
-    assert m, proc.stderr[-2000:]
+    return proc.stderr
+
+
+def _blocks_read(tiny_qwen3, tmp_path, *flags: str) -> tuple[int, int]:
+    # the selection alone: a step computed again densely would add its visible blocks
+    log = _ledger_run(tiny_qwen3, tmp_path, "--sparse-attn-recheck", "0", *flags)
+    m = re.search(r"block: read (\d+) of (\d+) visible blocks", log)
+    assert m, log[-2000:]
     return int(m.group(1)), int(m.group(2))
+
+
+def test_recheck_counts_the_steps_computed_again_and_their_blocks(tiny_qwen3, tmp_path) -> None:
+    """A step computed again densely is counted, and so are the blocks it read: read_fraction is
+    the cost against dense. 100 nats rechecks every step that skipped a block; 0 none."""
+    def counts(value: str) -> tuple[int, int, int, int]:
+        # the whole coverage: what a step reads depends on its visible blocks, not on its keys
+        log = _ledger_run(tiny_qwen3, tmp_path, "--sparse-attn-tolerance", "0", "--sparse-attn-recheck", value)
+        read = re.search(r"block: read (\d+) of (\d+) visible blocks", log)
+        steps = re.search(r"block: (\d+) of (\d+) sparse decode steps computed again densely", log)
+        assert read and steps, log[-2000:]
+        return int(read.group(1)), int(read.group(2)), int(steps.group(1)), int(steps.group(2))
+
+    read0, visible0, rechecked0, steps0 = counts("0")
+    read, visible, rechecked, steps = counts("100")
+    assert rechecked0 == 0 and steps0 == steps == 8, (rechecked0, steps0, steps)
+    assert rechecked == 8, rechecked
+    # the sparse pass read what it reads without the recheck (the steps saw the same blocks), and
+    # the dense pass every visible block on top
+    assert visible == visible0 > 0
+    assert read == read0 + visible, (read, read0, visible)
+
+
+def test_recheck_with_scsa_is_reported_not_ignored(tiny_qwen3, tmp_path) -> None:
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("The grass is green. " * 60)
+    proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "1024",
+                           "-fa", "on", "--sparse-attn", "scsa", "--sparse-attn-recheck", "0.5",
+                           "--dump-steps", "2", "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--sparse-attn-recheck) 0.5 applies to the block method; SCSA never recomputes a step" in proc.stderr
 
 
 def test_tolerance_makes_the_coverage_a_ceiling(tiny_qwen3, tmp_path) -> None:

@@ -64,3 +64,11 @@ def test_block_line_gives_the_fraction_and_the_visible_count() -> None:
     (rec,) = timings.parse("\n".join(BLOCK_LOG) + "\n")
     assert rec.sparse_read_fraction == 2592 / 10368
     assert rec.sparse_blocks_visible == 10368
+    assert rec.sparse_rechecked is None   # a server before the recheck says nothing of it
+
+
+def test_block_line_gives_the_steps_computed_again_densely() -> None:
+    line = BLOCK_LOG[-1] + "; 3 of 64 steps computed again densely"
+    (rec,) = timings.parse("\n".join(BLOCK_LOG[:-1] + [line]) + "\n")
+    assert rec.sparse_read_fraction == 2592 / 10368
+    assert rec.sparse_rechecked == (3, 64)

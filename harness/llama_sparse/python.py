@@ -54,6 +54,7 @@ class SparseParams(ctypes.Structure):
         ("scsa_recent", ctypes.c_int32),
         ("sparse_attn_score", ctypes.c_int),  # API version 4: 0 key bounds, 1 key sketch; 5: 2 auto (the default)
         ("sparse_attn_tolerance", ctypes.c_float),  # API version 6: the key sketch's, 0 reads the whole coverage, -1 the score's own
+        ("sparse_attn_recheck", ctypes.c_float),  # API version 7: a step within this logit gap computed again densely, -1 the method's own
     ]
 
 
@@ -76,6 +77,8 @@ class _SparseStats(ctypes.Structure):
         ("scsa_calibrated", ctypes.c_bool),
         ("scsa_plan_bytes", ctypes.c_int64),
         ("read_fraction", ctypes.c_double),
+        ("steps_sparse", ctypes.c_uint64),      # API version 7
+        ("steps_rechecked", ctypes.c_uint64),
     ]
 
 
@@ -92,6 +95,8 @@ class SparseStats:
     scsa_visible_rows: int
     scsa_calib_steps: int
     scsa_calibrated: bool
+    steps_sparse: int = 0        # block method: decode steps read sparsely, and of those
+    steps_rechecked: int = 0     # the steps computed again densely (--sparse-attn-recheck)
 
 
 class SparseLibraryError(RuntimeError):

@@ -20,7 +20,8 @@ _SLOT = re.compile(r"print_timing: id\s+(\d+) \| task (\d+)")
 _EVAL = re.compile(
     rf"(prompt eval|eval) time =\s+{_NUM} ms /\s+(\d+) (?:tokens|runs)\s+\(\s*{_NUM} ms per token,\s+{_NUM} tokens per second\)")
 _TOTAL = re.compile(rf"total time =\s+{_NUM} ms /\s+(\d+) tokens")
-_SPARSE = re.compile(rf"sparse attention: decode read\s+{_NUM}% of the visible KV blocks \((\d+) of (\d+) block reads\)")
+_SPARSE = re.compile(rf"sparse attention: decode read\s+{_NUM}% of the visible KV blocks \((\d+) of (\d+) block reads\)"
+                     r"(?:; (\d+) of (\d+) steps computed again densely)?")
 # SCSA: rows read exactly (opened clusters and exact rows) out of the rows visible to its calls
 _SCSA = re.compile(rf"scsa: decode read\s+{_NUM}% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\)")
 
@@ -42,6 +43,7 @@ class RequestTiming:
     total_ms: float | None = None
     sparse_read_fraction: float | None = None   # block-sparse: KV blocks read / visible, decode steps
     sparse_blocks_visible: int | None = None    # block-sparse: visible block reads of the decode rows
+    sparse_rechecked: tuple[int, int] | None = None  # block-sparse: (steps computed again densely, sparse steps)
 
 
 def parse(text: str) -> list[RequestTiming]:
@@ -70,8 +72,9 @@ def parse(text: str) -> list[RequestTiming]:
         if sp and out and (out[-1].slot, out[-1].task) == key:
             # printed after the request's total line
             read, visible = int(sp.group(2)), int(sp.group(3))
+            rechecked = (int(sp.group(4)), int(sp.group(5))) if sp.group(4) else None
             out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible,
-                                          sparse_blocks_visible=visible)
+                                          sparse_blocks_visible=visible, sparse_rechecked=rechecked)
             continue
         sc = _SCSA.search(line)
         if sc and out and (out[-1].slot, out[-1].task) == key:

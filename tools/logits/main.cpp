@@ -130,6 +130,10 @@ int main(int argc, char ** argv) {
     if (have_stats && st.method == LLAMA_SPARSE_METHOD_BLOCK) {
         fprintf(stderr, "block: read %llu of %llu visible blocks\n", (unsigned long long) st.blocks_read,
                 (unsigned long long) st.blocks_visible);
+#if LLAMA_SPARSE_API_VERSION >= 7
+        fprintf(stderr, "block: %llu of %llu sparse decode steps computed again densely\n", (unsigned long long) st.steps_rechecked,
+                (unsigned long long) st.steps_sparse);
+#endif
     }
     if (have_stats && st.method == LLAMA_SPARSE_METHOD_SCSA) {
         // what SCSA did over the run, for the gates and tests that read this log

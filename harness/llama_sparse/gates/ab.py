@@ -22,7 +22,7 @@ from contextlib import ExitStack
 
 from llama_sparse import timings
 from llama_sparse.errors import ArmError, UserError
-from llama_sparse.gates import texts
+from llama_sparse.gates import niah, texts
 from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.flags import scsa_calibration_steps
 from llama_sparse.gates.report import ArmResult
@@ -36,9 +36,23 @@ def bound(coverage: float, t0_ms: float, tfull_ms: float) -> float:
     return tfull_ms / (t0_ms + coverage * (tfull_ms - t0_ms))
 
 
-def prompt_tokens(server: ServerProcess, n_tokens: int) -> list[int]:
-    text = texts.text_of_tokens(texts.reference_text(), n_tokens + 16, lambda t: len(server.tokenize(t)))
-    toks = server.tokenize(text, add_special=True)[:n_tokens]
+# the end of a prose prompt: the decode is a summary, as a user's request about a long text
+PROSE_REQUEST = "\n\nWrite a summary of the text above in a few paragraphs.\nSummary:"
+
+
+def prompt_tokens(server: ServerProcess, n_tokens: int, text: str = "reference") -> list[int]:
+    """Exactly n_tokens: the pinned tree's docs (`reference`), or the needle gates' prose ending in
+    a request to summarise it (`prose`; the model then writes prose, where more of its steps are in
+    doubt than in a continuation of docs and code)."""
+    count = lambda t: len(server.tokenize(t))  # noqa: E731
+    if text == "prose":
+        tail = server.tokenize(PROSE_REQUEST)
+        body = texts.text_of_tokens(" ".join(niah.prose_sentences()), n_tokens - len(tail) + 16, count)
+        head = server.tokenize(body, add_special=True)[:n_tokens - len(tail)]
+        toks = head + tail
+    else:
+        body = texts.text_of_tokens(texts.reference_text(), n_tokens + 16, count)
+        toks = server.tokenize(body, add_special=True)[:n_tokens]
     if len(toks) < n_tokens:
         raise ArmError(f"could not build a prompt of {n_tokens} tokens")
     return toks
@@ -76,12 +90,16 @@ def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict
         # below its minimum context a sparse arm reads densely and logs no read line: not required
         recs = server.wait_log_until(decoded_and_read, offset, timeout=READ_LINE_WAIT_S, required=False) or recs
     fractions = [r.sparse_read_fraction for r in recs if r.sparse_read_fraction is not None]
+    rechecked = [r.sparse_rechecked for r in recs if r.sparse_rechecked is not None]
     tokens = sum(r.decode.tokens for r in recs)
     longest_ms = max(r.decode.ms for r in recs)
     return {"tokens": tokens, "ms": longest_ms, "tps": 1000.0 * tokens / longest_ms if longest_ms > 0 else 0.0,
             "ms_per_token": longest_ms / max(1, max(r.decode.tokens for r in recs)),
             "prompt_tokens_evaluated": [r.prompt.tokens if r.prompt else 0 for r in recs],
-            "read_fraction": statistics.mean(fractions) if fractions else None}
+            "read_fraction": statistics.mean(fractions) if fractions else None,
+            # the share of sparse steps computed again densely (--sparse-attn-recheck): their cost is in the time
+            "rechecked_fraction": (sum(n for n, _ in rechecked) / sum(m for _, m in rechecked)
+                                   if rechecked and sum(m for _, m in rechecked) > 0 else None)}
 
 
 def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, arms: list[Arm],
@@ -102,7 +120,7 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
                 cfg = ctx.server_config(arm, model, batch * n_ctx, cache, parallel=batch)
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
                 if prompt is None:
-                    prompt = prompt_tokens(server, n_ctx - n_predict - 1)
+                    prompt = prompt_tokens(server, n_ctx - n_predict - 1, spec.prompt_text)
                 decode_round(server, prompt, batch, warmup_tokens(arm), arm.sparse)  # prefill once; later rounds reuse it
                 servers[arm.name] = server
             except ArmError as e:
@@ -139,6 +157,9 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
         fractions = [x["read_fraction"] for x in rounds[arm.name] if x["read_fraction"] is not None]
         if fractions:
             res.metrics["read_fraction"] = statistics.median(fractions)
+        rechecked = [x["rechecked_fraction"] for x in rounds[arm.name] if x.get("rechecked_fraction") is not None]
+        if rechecked:
+            res.metrics["rechecked_fraction"] = statistics.median(rechecked)
         if len(dense_rounds) == len(tps) and results[dense.name].error is None:
             ratios = [x["tps"] / d["tps"] for x, d in zip(rounds[arm.name], dense_rounds)]
             res.metrics.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
@@ -171,7 +192,7 @@ def run(ctx: GateContext) -> None:
 
 
 KIND = Kind(
-    "ab", run, keys=("repeats", "batch"),
+    "ab", run, keys=("repeats", "batch", "prompt_text"),
     # two identical dense arms differ by up to 10% in decode speed with 2 repeats
     min_repeats=5,
     thresholds={

@@ -81,6 +81,9 @@ class GateSpec:
     tasks: tuple[str, ...] = ("niah_single_1",)  # niah only
     repeats: int = 5                            # ab, frontier: >= 5
     speed_context: int = 8192                   # frontier only: the context its speed is measured at
+    prompt_text: str = "reference"              # ab only: what the prompt decode continues: "reference" (the
+                                                # pinned tree's docs, much of them code) or "prose" (the needle
+                                                # gates' prose, with a request to summarise it)
     n_predict: int = 64                         # tokens decoded per request (niah: 128 by default)
     batch: tuple[int, ...] = (1,)               # ab, niah: concurrent streams / requests per arm (--parallel B);
                                                 # load: the server's slots (one value)
@@ -124,7 +127,7 @@ class GateSpec:
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
             "time_limit": self.time_limit, "skip_steps": self.skip_steps,
             "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
-            "only_samples": list(self.only_samples), "stagger": self.stagger, "speed_context": self.speed_context, "seed": self.seed, "threads": self.threads,
+            "only_samples": list(self.only_samples), "stagger": self.stagger, "speed_context": self.speed_context, "prompt_text": self.prompt_text, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 

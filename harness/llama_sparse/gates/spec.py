@@ -313,6 +313,8 @@ def _parse_arm(ck: _Checker, raw: Any, index: int, line: int, base: Path) -> Any
 
 # --- the gate ----------------------------------------------------------------------------------
 
+PROMPT_TEXTS = ("reference", "prose")   # ab: what the decoded prompt is (gates.ab.prompt_tokens)
+
 COMMON_KEYS = ("name", "kind", "description", "models", "context_lengths", "cache_types", "arms",
                "samples", "n_predict", "seed", "threads", "thresholds")
 # the keys only some kinds read, and which: from each kind's own declaration
@@ -452,6 +454,11 @@ def load(path: Path) -> GateSpec:
         values["threads"] = None if data["threads"] is None else _positive_int(ck, data, "threads")
     if "n_predict" not in data and kind in KINDS:
         values["n_predict"] = KINDS[kind].n_predict
+    if "prompt_text" in data:
+        if data["prompt_text"] not in PROMPT_TEXTS:
+            ck.fail(lines["prompt_text"], f"prompt_text: must be one of {', '.join(PROMPT_TEXTS)}, not {data['prompt_text']!r}")
+        else:
+            values["prompt_text"] = data["prompt_text"]
     if "speed_context" in data:
         n = _context_length(data["speed_context"])
         if n is None:
