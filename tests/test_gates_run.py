@@ -106,11 +106,13 @@ n_predict: 16
 arms:
   - dense
   - {name: dense-again}
-  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25"]}
+  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25", --sparse-attn-recheck, "0"]}
 """)
     dense, again, sparse = ctx.report.results
-    # the server log says how much of the KV the sparse decode read: about the coverage
+    # the server log says how much of the KV the sparse decode read: about the coverage (no step
+    # computed again: a random model's steps are all in doubt, and each would read every block)
     assert 0.2 <= sparse.metrics["read_fraction"] <= 0.45, sparse.metrics
+    assert sparse.metrics["rechecked_fraction"] == 0.0, sparse.metrics
     assert "read_fraction" not in dense.metrics
     assert sparse.metrics["bound"] > 1.0 and "bound_share" in sparse.metrics
     assert dense.metrics["ratio_median"] == 1.0
@@ -307,7 +309,7 @@ repeats: 5
 arms:
   - dense
   - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
-  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-topk, "2", --sparse-attn-block-size, "32"], coverage: 0.25}
+  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-topk, "2", --sparse-attn-block-size, "32", --sparse-attn-recheck, "0"], coverage: 0.25}
 """)
     from llama_sparse.gates import frontier
 
