@@ -70,6 +70,32 @@ def test_llama_bench_runs_sparse(tiny_qwen3) -> None:
     assert "tg16" in proc.stdout
 
 
+_BENCH_COUNTS = re.compile(r"llama-bench: block-sparse, timed runs: decode read ([\d.]+)% of the visible KV blocks; "
+                           r"(\d+) of (\d+) steps computed again densely(.*)")
+
+
+@pytest.mark.parametrize("recheck", ["0", "100"])
+def test_llama_bench_reports_the_blocks_read_and_the_steps_computed_again(recheck: str, tiny_qwen3) -> None:
+    """llama-bench decodes random tokens, on which the recheck computes again most steps: it says so."""
+    proc = subprocess.run([str(binary("llama-bench")), "-m", str(tiny_qwen3), "-p", "0", "-n", "8", "-d", "1024",
+                           "-r", "2", "-t", "2", "--sparse-attn", "on", "--sparse-attn-recheck", recheck],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = _BENCH_COUNTS.findall(proc.stderr)
+    assert len(counts) == 1, proc.stderr[-2000:]
+    read, rechecked, steps, hint = counts[0]
+    # the timed runs' steps only (two runs of 8), not the depth's prefill nor a warm-up
+    assert int(steps) == 16, counts
+    if recheck == "0":
+        assert int(rechecked) == 0 and hint == "", counts
+        assert 0.0 < float(read) < 100.0, counts  # a quarter of 32 blocks and the tolerance's floor
+    else:
+        # every step of the random model is in doubt at 100 nats, and each one read every block again
+        assert int(rechecked) == 16, counts
+        assert float(read) > 100.0, counts
+        assert "llama-bench decodes random tokens" in hint and "--sparse-attn-recheck 0" in hint, counts
+
+
 def _help_entries(text: str) -> dict[str, str]:
     """flag -> its help, whitespace folded (llama-server wraps its help over lines)."""
     entries = {}
