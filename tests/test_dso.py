@@ -82,7 +82,7 @@ def test_the_environment_switches_sparse_attention_on_without_a_flag(tiny_qwen3:
 
 def test_on_alone_is_the_key_sketch_at_a_quarter_on_the_cpu(tiny_qwen3: Path, tmp_path: Path) -> None:
     """The defaults are the product: `on` and nothing else resolves, for a CPU KV cache, to the key
-    sketch reading at most a quarter of the blocks, stopping at a tolerance of 0.03; asking for the
+    sketch reading at most a quarter of the blocks, stopping at a tolerance of 0.03 (no floor); asking for the
     bounds gives them their own coverage and no tolerance."""
     proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on")
     assert proc.returncode == 0, proc.stderr[-3000:]
