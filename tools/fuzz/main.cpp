@@ -156,8 +156,8 @@ fuzz_case random_case(std::mt19937 & rng, int threads) {
         c.recent   = (int) pick({0, 1, 64});
     }
     if (c.sketch && rng() % 2) {
-        // the budget as a ceiling: from a tolerance that stops early now and then to one that
-        // reads half the budget, the floor
+        // the budget as a ceiling: from a tolerance that stops early now and then to one (1)
+        // that every ranked block's stand-in meets, which reads only the forced blocks
         const float tolerances[] = {0.001f, 0.01f, 0.1f, 1.0f};
         c.tolerance = tolerances[rng() % 4];
     }
@@ -542,6 +542,39 @@ std::vector<float> exact_attention(const fuzz_case & c, const run_inputs & in, i
     return out;
 }
 
+// A tolerance stops the ranking once the unread blocks' summed rank, per query head, is within it;
+// a rank is a block's share of the softmax times the distance of its own softmax from uniform,
+// below 1. So where the shares of every block the ranking could read (visible, not forced) sum,
+// over the group's query heads, to at most tolerance*group, the ranking reads none of them.
+std::string check_tolerance_reads_only_forced(const fuzz_case & c, const float * lse, int64_t n_blocks,
+                                              const std::vector<int64_t> & vis_blocks,
+                                              const std::vector<int64_t> & forced, int64_t pop) {
+    double ranked_share = 0.0;
+    for (int64_t g = 0; g < c.gqa; ++g) {
+        const float * l = lse + g*n_blocks;
+        double mx = -INFINITY;
+        for (int64_t b : vis_blocks) {
+            if (!std::isfinite(l[b]) && l[b] != -INFINITY) { return ""; } // NaN or +inf: ranks first
+            mx = std::max(mx, (double) l[b]);
+        }
+        if (!(mx > -INFINITY)) { continue; }
+        double z = 0.0, z_ranked = 0.0;
+        for (int64_t b : vis_blocks) {
+            const double e = exp((double) l[b] - mx);
+            z += e;
+            if (!std::binary_search(forced.begin(), forced.end(), b)) { z_ranked += e; }
+        }
+        ranked_share += z_ranked/z;
+    }
+    // room for the kernel's float exponentials and sums
+    if (ranked_share <= (double) c.tolerance*(double) c.gqa*(1.0 - 1e-4) && pop != (int64_t) forced.size()) {
+        return "tolerance " + std::to_string(c.tolerance) + " read " + std::to_string(pop) + " blocks, though the " +
+               std::to_string(forced.size()) + " forced ones leave only a share of " + std::to_string(ranked_share) +
+               " over " + std::to_string(c.gqa) + " query heads to rank";
+    }
+    return "";
+}
+
 std::string check_selection(const fuzz_case & c, const run_inputs & in, const std::vector<int32_t> & sel,
                             const graph_out & opt) {
     const int64_t n_blocks = (c.n_kv + c.block - 1)/c.block;
@@ -603,11 +636,15 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     if (memcmp(w + n_words + 1, w0 + n_words + 1, (W - n_words - 1)*sizeof(int32_t)) != 0) {
                         return "a tolerance changed the visible count or the log masses" + where;
                     }
-                    // and it never stops before half the budget (or all the whole budget reads)
-                    const int64_t floor_sel = std::min<int64_t>((budget + 1)/2, w0[n_words]);
-                    if (pop < floor_sel) {
-                        return "tolerance " + std::to_string(c.tolerance) + " read " + std::to_string(pop) +
-                               " blocks, fewer than half the budget " + std::to_string(budget) + where;
+                    // a block's rank is its share times a distance below 1, so a tolerance the
+                    // ranked blocks' summed shares already fit reads none of them: only the forced
+                    // blocks (no floor under it). Checked from the log masses the op returns, with
+                    // room for the kernel's float shares; not where a log mass is NaN or inf
+                    // (such a block ranks first and counts for nothing)
+                    if (c.sketch && budget < n_vis) {
+                        const std::string e = check_tolerance_reads_only_forced(c, (const float *) (w + n_words + 2),
+                                                                                n_blocks, vis_blocks, forced, pop);
+                        if (!e.empty()) { return e + where; }
                     }
                 }
                 if (w[n_words + 1] != n_vis) { return "n_visible " + std::to_string(w[n_words + 1]) + " != " + std::to_string(n_vis) + where; }
