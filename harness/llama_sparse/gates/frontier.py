@@ -156,11 +156,16 @@ def plot(report: GateReport, path: Path) -> Path | None:
                 if p.ratio_min is not None and p.ratio_max is not None else None
             ax.errorbar([p.ratio], [p.score], xerr=err, capsize=3, markersize=8, linestyle="none", **style)
             note = p.arm + ("" if p.arm == reference or lossless else f" (lost {len(p.lost)})")
-            # points close together (dense and the settings near it) get their labels stacked
+            # points close together (dense and the settings near it) get their labels stacked,
+            # above and below in turn, each stacked label tied to its point by a thin line: it can
+            # sit nearer another point than its own
             near = sum(1 for x, y in placed if abs(x - p.ratio) < 0.5 and abs(y - p.score) < 0.02)
             placed.append((p.ratio, p.score))
-            ax.annotate(note, (p.ratio, p.score), textcoords="offset points", xytext=(6, 6 + 13 * near),
-                        fontsize="small")
+            above = near % 2 == 0
+            rise = 6 + 13 * (near // 2) if above else -16 - 13 * (near // 2)
+            leader = dict(arrowstyle="-", color="grey", linewidth=0.6, shrinkA=0, shrinkB=4) if near else None
+            ax.annotate(note, (p.ratio, p.score), textcoords="offset points", xytext=(10 if above else -10, rise),
+                        ha="left" if above else "right", fontsize="small", arrowprops=leader)
         ys = [p.score for p in group]
         pad = max(0.05, (max(ys) - min(ys)) * 0.3)
         ax.set_ylim(max(0.0, min(ys) - pad), min(1.0, max(ys) + pad))
