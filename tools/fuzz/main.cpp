@@ -545,7 +545,9 @@ std::vector<float> exact_attention(const fuzz_case & c, const run_inputs & in, i
 // A tolerance stops the ranking once the unread blocks' summed rank, per query head, is within it;
 // a rank is a block's share of the softmax times the distance of its own softmax from uniform,
 // below 1. So where the shares of every block the ranking could read (visible, not forced) sum,
-// over the group's query heads, to at most tolerance*group, the ranking reads none of them.
+// over the group's query heads, to at most tolerance*group, the ranking reads none of them. The
+// shares come from the log masses the op returns, in double, with room for the kernel's float
+// sums; not checked where a log mass is NaN or +inf (such a block ranks first, counts for nothing).
 std::string check_tolerance_reads_only_forced(const fuzz_case & c, const float * lse, int64_t n_blocks,
                                               const std::vector<int64_t> & vis_blocks,
                                               const std::vector<int64_t> & forced, int64_t pop) {
@@ -636,11 +638,8 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     if (memcmp(w + n_words + 1, w0 + n_words + 1, (W - n_words - 1)*sizeof(int32_t)) != 0) {
                         return "a tolerance changed the visible count or the log masses" + where;
                     }
-                    // a block's rank is its share times a distance below 1, so a tolerance the
-                    // ranked blocks' summed shares already fit reads none of them: only the forced
-                    // blocks (no floor under it). Checked from the log masses the op returns, with
-                    // room for the kernel's float shares; not where a log mass is NaN or inf
-                    // (such a block ranks first and counts for nothing)
+                    // and no floor under it: where the ranked blocks' shares fit the tolerance,
+                    // only the forced blocks are read
                     if (c.sketch && budget < n_vis) {
                         const std::string e = check_tolerance_reads_only_forced(c, (const float *) (w + n_words + 2),
                                                                                 n_blocks, vis_blocks, forced, pop);
