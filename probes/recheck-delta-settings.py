@@ -2,7 +2,8 @@
 block method computed again densely and logged (a build with recheck-delta.diff), once per setting:
 NAME=LAYERS reads every block in layers LAYERS ("a-b", LLAMA_SPARSE_PROBE_DENSE_LAYERS; "none" for
 the default), and EXTRA (the environment) adds flags, e.g. EXTRA="--sparse-attn-coverage 0.9
---sparse-attn-tolerance 0". Usage: python probes/recheck-delta-settings.py OUT_DIR NAME=LAYERS ...
+--sparse-attn-tolerance 0", and MODEL another GGUF (for example the same weights converted to F32
+with llama-quantize --allow-requantize). Usage: python probes/recheck-delta-settings.py OUT_DIR NAME=LAYERS ...
 """
 import os
 import sys
@@ -16,7 +17,7 @@ BIN = os.environ.get("LLAMA_SPARSE_BIN_DIR", "build/patched/bin")
 EXTRA = os.environ.get("EXTRA", "").split()
 out_dir = Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
-model = resolve("smollm2-135m")
+model = Path(os.environ["MODEL"]) if os.environ.get("MODEL") else resolve("smollm2-135m")
 for setting in sys.argv[2:]:
     name, layers = setting.split("=")
     out = out_dir / f"{name}.jsonl"
