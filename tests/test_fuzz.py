@@ -45,5 +45,8 @@ def test_fuzz_under_sanitizers(project) -> None:
     streams = int(summary.split("streams against alone ")[1].split(";")[0])
     assert streams >= 40, summary
     # the cases built for one property each ran (a failed one fails the run above): the key sketch
-    # reads the block whose stand-in would be furthest off, not the heaviest (before: the heaviest)
-    assert int(summary.split("designed ")[1].split(";")[0]) >= 1, summary
+    # reads the block whose stand-in would be furthest off, not the heaviest (before: the heaviest);
+    # a NaN or +inf score gets dense's rule on the tiles a row that skips blocks reads (before: a
+    # tile of masked keys and one NaN was dropped, the row finite where dense's is NaN (case 75 of
+    # seed 42 at 64 threads); one +inf gave NaN where dense's row is that key's value)
+    assert int(summary.split("designed ")[1].split(";")[0]) >= 3, summary

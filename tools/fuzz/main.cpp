@@ -812,6 +812,72 @@ std::string designed_stand_in_error(ggml_backend_t backend) {
     return check_selection(c, in, opt.sel, opt);
 }
 
+// A key whose score is NaN makes its row NaN on dense's key-at-a-time loop (expf(NaN - M) enters
+// the sums whatever M is), and a row that skips blocks must give the same where it reads that key.
+// Eight blocks of 32, one KV head, one thread, the sink (block 0), the recent block and one more
+// selected: block 0's first key is NaN and its 31 others are masked, so the first tile the row
+// reads holds no finite score. Before the fix the tile path dropped such a tile (its maximum
+// stayed -inf) and answered from the other blocks as if the key were not there.
+std::string designed_nan_tile_error(ggml_backend_t backend) {
+    fuzz_case c{};
+    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
+    c.block = 32; c.topk = 1; c.coverage = 0.01f; c.sink = 1; c.recent = 1;
+    c.type_kv = GGML_TYPE_F16; c.keys = keys_kind::uniform; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
+    c.threads = 1; c.seed = 2; c.sketch = false;
+    run_inputs in = make_inputs(c);
+    std::fill_n(in.keys.begin(), c.D, NAN);
+    for (int64_t i = 1; i < c.block; ++i) {
+        in.vis[0][i] = 0;
+        in.mask[i]   = ggml_fp32_to_fp16(-INFINITY);
+    }
+    const graph_out opt = run(c, in, backend, false);
+    const graph_out ref = run(c, in, backend, true);
+    const uint32_t w = (uint32_t) opt.sel[0];
+    if (!(w & 1u) || w == 0xffu) {
+        char buf[120];
+        snprintf(buf, sizeof(buf), "selected blocks 0x%02x: the case needs block 0 read and a block skipped", w);
+        return buf;
+    }
+    if (!std::all_of(ref.dense.begin(), ref.dense.end(), [](float x) { return std::isnan(x); })) {
+        return "dense's loop gave a finite value for a row that reads a NaN key";
+    }
+    const std::string err = compare_fa(opt.sparse, ref.sparse);
+    return err.empty() ? check_selection(c, in, opt.sel, opt) : "sparse (tiles against dense's loop): " + err;
+}
+
+// One key whose score is +inf: dense's loop takes it as the new maximum, scales what it summed by
+// expf(M - inf) = 0 and adds every later key at expf(s - inf) = 0, so the row is that key's value.
+// A tile's exponentials would give expf(inf - inf) = NaN for it. The key (+inf in channel 0, the
+// query positive there) sits mid-block in block 3, which its bound ranks first.
+std::string designed_inf_tile_error(ggml_backend_t backend) {
+    fuzz_case c{};
+    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
+    c.block = 32; c.topk = 3; c.coverage = 0.01f; c.sink = 1; c.recent = 1;
+    c.type_kv = GGML_TYPE_F16; c.keys = keys_kind::uniform; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
+    c.threads = 1; c.seed = 3; c.sketch = false;
+    run_inputs in = make_inputs(c);
+    const int64_t key = 3*32 + 9;
+    in.q[0] = 0.5f;
+    in.keys[key*c.D] = INFINITY;
+    const graph_out opt = run(c, in, backend, false);
+    const graph_out ref = run(c, in, backend, true);
+    const uint32_t w = (uint32_t) opt.sel[0];
+    if (!(w & (1u << 3)) || w == 0xffu) {
+        char buf[120];
+        snprintf(buf, sizeof(buf), "selected blocks 0x%02x: the case needs block 3 read and a block skipped", w);
+        return buf;
+    }
+    for (int64_t d = 0; d < c.D; ++d) {
+        const float v = ggml_fp16_to_fp32(ggml_fp32_to_fp16(in.values[key*c.D + d]));
+        if (ref.dense[d] != v) {
+            return "dense's loop did not give the +inf key's value (channel " + std::to_string(d) + ": " +
+                   std::to_string(ref.dense[d]) + " vs " + std::to_string(v) + ")";
+        }
+    }
+    const std::string err = compare_fa(opt.sparse, ref.sparse);
+    return err.empty() ? check_selection(c, in, opt.sel, opt) : "sparse (tiles against dense's loop): " + err;
+}
+
 } // namespace
 
 int main(int argc, char ** argv) {
@@ -846,6 +912,8 @@ int main(int argc, char ** argv) {
 
     const std::pair<const char *, std::string (*)(ggml_backend_t)> designed[] = {
         {"the key sketch reads the block whose stand-in is furthest off", designed_stand_in_error},
+        {"a NaN key in the first tile a row reads makes the row NaN, as on dense's loop", designed_nan_tile_error},
+        {"one +inf score is the row's only weight, as on dense's loop", designed_inf_tile_error},
     };
     for (const auto & [what, check] : designed) {
         const std::string err = check(backend);
