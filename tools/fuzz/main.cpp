@@ -775,6 +775,16 @@ std::string check_streams_alone(const fuzz_case & c, const run_inputs & in, cons
 }
 
 // Cases built to show one property each, run before the random ones.
+
+// their shape: eight blocks of 32 rows, one KV head, one query, f16 K/V, every cell written fresh
+fuzz_case designed_case(int topk, float coverage, int sink, int recent, keys_kind keys, int threads, uint32_t seed, bool sketch) {
+    fuzz_case c{};
+    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
+    c.block = 32; c.topk = topk; c.coverage = coverage; c.sink = sink; c.recent = recent;
+    c.type_kv = GGML_TYPE_F16; c.keys = keys; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
+    c.threads = threads; c.seed = seed; c.sketch = sketch;
+    return c;
+}
 //
 // The key sketch reads the blocks whose stand-ins would be furthest off, not merely the heaviest:
 // a block whose keys all score alike enters exactly as its value mean, however much mass it has,
@@ -783,11 +793,7 @@ std::string check_streams_alone(const fuzz_case & c, const run_inputs & in, cons
 // evenly), block 5 one key scoring 5 among 31 scoring 0 (mass e^5 + 31, a quarter of block 2's),
 // the rest keys scoring 0. Ranked by mass the selection reads block 2; it must read block 5.
 std::string designed_stand_in_error(ggml_backend_t backend) {
-    fuzz_case c{};
-    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
-    c.block = 32; c.topk = 1; c.coverage = 1.0f; c.sink = 0; c.recent = 0;
-    c.type_kv = GGML_TYPE_F16; c.keys = keys_kind::block_constant; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
-    c.threads = 2; c.seed = 1; c.sketch = true;
+    const fuzz_case c = designed_case(1, 1.0f, 0, 0, keys_kind::block_constant, 2, 1, true);
     run_inputs in = make_inputs(c);
     // channel 0 only, in values q4_0 and f16 hold exactly; q*k*scale = 8*k0
     std::fill(in.q.begin(), in.q.end(), 0.0f);
@@ -812,6 +818,27 @@ std::string designed_stand_in_error(ggml_backend_t backend) {
     return check_selection(c, in, opt.sel, opt);
 }
 
+// A designed case of the tiles a row that skips blocks reads: block `read` must be selected and
+// another skipped; dense's own row must be what the case says (dense_error), and the sparse row
+// what dense's loop gives on the same blocks (the reference path)
+template <typename F>
+std::string tile_case_error(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend, int read, F dense_error) {
+    const graph_out opt = run(c, in, backend, false);
+    const graph_out ref = run(c, in, backend, true);
+    const uint32_t w = (uint32_t) opt.sel[0];
+    if (!(w & (1u << read)) || w == 0xffu) {
+        char buf[120];
+        snprintf(buf, sizeof(buf), "selected blocks 0x%02x: the case needs block %d read and a block skipped", w, read);
+        return buf;
+    }
+    const std::string dense = dense_error(ref.dense);
+    if (!dense.empty()) {
+        return dense;
+    }
+    const std::string err = compare_fa(opt.sparse, ref.sparse);
+    return err.empty() ? check_selection(c, in, opt.sel, opt) : "sparse (tiles against dense's loop): " + err;
+}
+
 // A key whose score is NaN makes its row NaN on dense's key-at-a-time loop (expf(NaN - M) enters
 // the sums whatever M is), and a row that skips blocks must give the same where it reads that key.
 // Eight blocks of 32, one KV head, one thread, the sink (block 0), the recent block and one more
@@ -819,30 +846,17 @@ std::string designed_stand_in_error(ggml_backend_t backend) {
 // reads holds no finite score. Before the fix the tile path dropped such a tile (its maximum
 // stayed -inf) and answered from the other blocks as if the key were not there.
 std::string designed_nan_tile_error(ggml_backend_t backend) {
-    fuzz_case c{};
-    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
-    c.block = 32; c.topk = 1; c.coverage = 0.01f; c.sink = 1; c.recent = 1;
-    c.type_kv = GGML_TYPE_F16; c.keys = keys_kind::uniform; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
-    c.threads = 1; c.seed = 2; c.sketch = false;
+    const fuzz_case c = designed_case(1, 0.01f, 1, 1, keys_kind::uniform, 1, 2, false);
     run_inputs in = make_inputs(c);
     std::fill_n(in.keys.begin(), c.D, NAN);
     for (int64_t i = 1; i < c.block; ++i) {
         in.vis[0][i] = 0;
         in.mask[i]   = ggml_fp32_to_fp16(-INFINITY);
     }
-    const graph_out opt = run(c, in, backend, false);
-    const graph_out ref = run(c, in, backend, true);
-    const uint32_t w = (uint32_t) opt.sel[0];
-    if (!(w & 1u) || w == 0xffu) {
-        char buf[120];
-        snprintf(buf, sizeof(buf), "selected blocks 0x%02x: the case needs block 0 read and a block skipped", w);
-        return buf;
-    }
-    if (!std::all_of(ref.dense.begin(), ref.dense.end(), [](float x) { return std::isnan(x); })) {
-        return "dense's loop gave a finite value for a row that reads a NaN key";
-    }
-    const std::string err = compare_fa(opt.sparse, ref.sparse);
-    return err.empty() ? check_selection(c, in, opt.sel, opt) : "sparse (tiles against dense's loop): " + err;
+    return tile_case_error(c, in, backend, 0, [](const std::vector<float> & dense) {
+        return std::all_of(dense.begin(), dense.end(), [](float x) { return std::isnan(x); }) ? std::string() :
+               std::string("dense's loop gave a finite value for a row that reads a NaN key");
+    });
 }
 
 // One key whose score is +inf: dense's loop takes it as the new maximum, scales what it summed by
@@ -850,32 +864,21 @@ std::string designed_nan_tile_error(ggml_backend_t backend) {
 // A tile's exponentials would give expf(inf - inf) = NaN for it. The key (+inf in channel 0, the
 // query positive there) sits mid-block in block 3, which its bound ranks first.
 std::string designed_inf_tile_error(ggml_backend_t backend) {
-    fuzz_case c{};
-    c.D = 32; c.n_head_kv = 1; c.gqa = 1; c.n_kv = 256; c.n_rows = 1; c.n_stream = 1;
-    c.block = 32; c.topk = 3; c.coverage = 0.01f; c.sink = 1; c.recent = 1;
-    c.type_kv = GGML_TYPE_F16; c.keys = keys_kind::uniform; c.mask = mask_kind::causal; c.fill = fill_kind::fresh;
-    c.threads = 1; c.seed = 3; c.sketch = false;
+    const fuzz_case c = designed_case(3, 0.01f, 1, 1, keys_kind::uniform, 1, 3, false);
     run_inputs in = make_inputs(c);
     const int64_t key = 3*32 + 9;
     in.q[0] = 0.5f;
     in.keys[key*c.D] = INFINITY;
-    const graph_out opt = run(c, in, backend, false);
-    const graph_out ref = run(c, in, backend, true);
-    const uint32_t w = (uint32_t) opt.sel[0];
-    if (!(w & (1u << 3)) || w == 0xffu) {
-        char buf[120];
-        snprintf(buf, sizeof(buf), "selected blocks 0x%02x: the case needs block 3 read and a block skipped", w);
-        return buf;
-    }
-    for (int64_t d = 0; d < c.D; ++d) {
-        const float v = ggml_fp16_to_fp32(ggml_fp32_to_fp16(in.values[key*c.D + d]));
-        if (ref.dense[d] != v) {
-            return "dense's loop did not give the +inf key's value (channel " + std::to_string(d) + ": " +
-                   std::to_string(ref.dense[d]) + " vs " + std::to_string(v) + ")";
+    return tile_case_error(c, in, backend, 3, [&](const std::vector<float> & dense) {
+        for (int64_t d = 0; d < c.D; ++d) {
+            const float v = ggml_fp16_to_fp32(ggml_fp32_to_fp16(in.values[key*c.D + d]));
+            if (dense[d] != v) {
+                return "dense's loop did not give the +inf key's value (channel " + std::to_string(d) + ": " +
+                       std::to_string(dense[d]) + " vs " + std::to_string(v) + ")";
+            }
         }
-    }
-    const std::string err = compare_fa(opt.sparse, ref.sparse);
-    return err.empty() ? check_selection(c, in, opt.sel, opt) : "sparse (tiles against dense's loop): " + err;
+        return std::string();
+    });
 }
 
 } // namespace
