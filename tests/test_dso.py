@@ -263,3 +263,33 @@ def test_scsa_from_the_environment_gets_the_one_slot_it_needs(tiny_qwen3: Path, 
     assert "sparse_attn           = scsa" in text
     assert "n_seq_max             = 1" in text
     assert "switched on by LLAMA_SPARSE_ATTN=scsa" in text
+
+
+def test_the_statistics_of_a_sequence_the_context_lacks_are_refused_not_aborted(tiny_qwen3: Path) -> None:
+    """llama_sparse_get_stats with a seq_id past the context's sequences returns false (before: SCSA
+    with a KV stream per sequence looked the stream up with GGML_ASSERT and aborted the process)."""
+    _need_llama_cpp_python()
+    code = f"""
+import ctypes
+from llama_sparse.python import make_params, _library, _SparseStats
+import llama_cpp
+lib = _library()
+model = llama_cpp.llama_model_load_from_file({str(tiny_qwen3)!r}.encode(), llama_cpp.llama_model_default_params())
+lib.llama_sparse_init_from_model.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.c_void_p]
+lib.llama_sparse_init_from_model.restype = ctypes.c_void_p
+for mode in ("scsa", "on"):
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx, cparams.n_seq_max, cparams.kv_unified = 1024, 4, False
+    cparams.flash_attn_type = 1
+    params = make_params(mode)
+    ctx = lib.llama_sparse_init_from_model(model, cparams, ctypes.byref(params))
+    assert ctx, mode
+    out = _SparseStats()
+    for seq in (-1, 0, 3, 4, 1000, -2):
+        print(mode, seq, lib.llama_sparse_get_stats(ctx, seq, ctypes.byref(out), False), flush=True)
+"""
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for mode in ("scsa", "on"):
+        for seq, ok in ((-1, True), (0, True), (3, True), (4, False), (1000, False), (-2, False)):
+            assert f"{mode} {seq} {ok}" in proc.stdout, proc.stdout

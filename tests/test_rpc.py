@@ -134,6 +134,12 @@ MALFORMED = {
     "select-block-size-0": "block_size > 0",
     "fa-block-size-0":     "block_size must be positive",
     "fa-selection-shape":  "the block selection's shape does not match",
+    # before these checks: a tail without its selection crashed the server (SIGSEGV reading the
+    # selection, SIGFPE dividing by its block size), 4 query heads over 3 KV heads ran and read a
+    # fourth KV head past the cache, and keys the CPU cannot score aborted the server in the kernel
+    "fa-tail-without-selection": "a block tail without a block selection",
+    "fa-heads-not-divisible":    "the query heads must be a multiple of the KV heads",
+    "fa-backend-lacks":          "the server's device does not run it",
 }
 
 
@@ -157,3 +163,68 @@ def test_rpc_server_refuses_malformed_sparse_ops_and_stays_up(rpc_process: RpcSe
         # and it still serves a well-formed graph, with the same result as before
         again = rpccheck(rpc_process.endpoint, "valid")
         assert again.returncode == 0 and again.stdout == first.stdout, f"after {case}: {again.stdout}{again.stderr}"
+
+
+# Data the server checked, rewritten by an earlier node of the same graph (a copy into the bytes of
+# the fill's row indices, or of the selection flash attention reads) after the check and before
+# the kernel reads it. The kernels check every index where they read it: a row outside the cache
+# is skipped, a selection's words are read only for the blocks that exist. Before: a row below
+# zero wrote into the tensor before the key bounds (the canary, exit 3), one past the end aborted
+# the server.
+REWRITTEN = ("fill-rows-rewritten-negative", "fill-rows-rewritten-past-end", "fa-selection-rewritten")
+
+
+def test_indices_rewritten_after_the_servers_check_are_computed_safely(rpc_process: RpcServer) -> None:
+    for case in REWRITTEN:
+        run = rpccheck(rpc_process.endpoint, case)
+        assert rpc_process.proc.poll() is None, f"{case}: the server died\n" + rpc_process.log_path.read_text()[-3000:]
+        assert run.returncode == 0 and run.stdout.startswith(f"ok {case}:"), f"{case}: {run.stdout}{run.stderr[-2000:]}"
+        assert "nan" not in run.stdout.split("sum")[1], run.stdout
+
+
+def test_the_client_asks_the_server_whether_its_device_runs_the_sparse_attention(rpc_process: RpcServer) -> None:
+    """The client learns from the server, per node shape, whether the server's device runs a flash
+    attention with a selection (a CUDA server lacks some head sizes a local run would send to the
+    CPU); a node the server would refuse is not offered to it. Before: every such node was offered
+    to any server of this protocol version."""
+    run = rpccheck(rpc_process.endpoint, "supports")
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert run.stdout.strip() == "supports valid=1 heads-not-divisible=0 tail-without-selection=0 backend-lacks=0"
+    log = rpc_process.log_path.read_text(errors="replace")
+    # the answers came from the server, with its reasons
+    assert "[supports_op] device 0 does not run FLASH_ATTN_EXT" in log, log[-3000:]
+    assert "the query heads must be a multiple of the KV heads" in log
+
+
+CONTRACT = Path(__file__).parent / "data" / "rpc-sparse-contract.txt"
+
+
+def _sparse_contract(vendor: Path) -> str:
+    """What a server and a client of the sparse ops must agree on: the ops' declarations (sources
+    and parameters) in ggml.h, the rules a node must meet, and the RPC commands, whitespace-normalised."""
+    header = (vendor / "ggml/include/ggml.h").read_text()
+    decls = re.findall(r"GGML_API[^;]*\b(?:ggml_sparse_attn_\w+|ggml_scsa_attn|ggml_flash_attn_ext_set_block_\w+)\s*\([^;]*;",
+                       header)
+    ggml_c = (vendor / "ggml/src/ggml.c").read_text()
+    rules = re.search(r"const char \* ggml_sparse_attn_node_invalid\(.*?\n}\n", ggml_c, re.S)
+    rpc = (vendor / "ggml/src/ggml-rpc/ggml-rpc.cpp").read_text()
+    commands = re.search(r"enum rpc_cmd \{.*?\};", rpc, re.S)
+    assert decls and rules and commands
+    return " ".join(" ".join(decls + [rules.group(0), commands.group(0)]).split())
+
+
+def test_the_rpc_protocol_version_moves_with_the_sparse_ops_contract(project) -> None:
+    """Each protocol version of this patch set names one contract of its ops: a change to their
+    sources, parameters, rules or the commands must come with a new version (a client offers the
+    attention to a server by what its version says it understands)."""
+    import hashlib
+    vendor = project.vendor_dir
+    header = (vendor / "ggml/include/ggml-rpc.h").read_text()
+    version = ".".join(re.search(rf"RPC_PROTO_{p}_VERSION\s+(\d+)", header).group(1) for p in ("MAJOR", "MINOR", "PATCH"))
+    fingerprint = hashlib.sha256(_sparse_contract(vendor).encode()).hexdigest()[:16]
+    recorded = [line.split() for line in CONTRACT.read_text().splitlines() if line and not line.startswith("#")]
+    versions = [v for v, _ in recorded]
+    assert len(set(versions)) == len(versions), f"{CONTRACT.name}: a version recorded twice"
+    assert [version, fingerprint] in recorded, (
+        f"the sparse ops' contract is {fingerprint} at protocol {version}, which {CONTRACT.name} does not record: "
+        f"a changed contract needs a new RPC_PROTO_PATCH_VERSION and a new line '{{version}} {fingerprint}' there")

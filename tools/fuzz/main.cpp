@@ -405,15 +405,17 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
     // k_cur holds the keys in the order of k_idxs (shuffled rows), as a ubatch scatters them
     std::vector<float> kcur(in.idxs.size()*c.D*c.n_head_kv);
     const int64_t row = c.D*c.n_head_kv;
+    // a row outside the cache (designed_hostile_rows_error) carries cell 0's key and value
+    auto source_cell = [&](int64_t idx) { return idx >= 0 && idx < c.n_kv*c.n_stream ? idx : 0; };
     for (size_t t = 0; t < in.idxs.size(); ++t) {
-        std::copy_n(in.keys.begin() + in.idxs[t]*row, row, kcur.begin() + t*row);
+        std::copy_n(in.keys.begin() + source_cell(in.idxs[t])*row, row, kcur.begin() + t*row);
     }
     ggml_backend_tensor_set(k_cur, kcur.data(), 0, ggml_nbytes(k_cur));
     if (c.sketch) {
         // the values stored with those keys, and the sketch of every key as the cache keeps it
         std::vector<float> vcur(kcur.size());
         for (size_t t = 0; t < in.idxs.size(); ++t) {
-            std::copy_n(in.values.begin() + in.idxs[t]*row, row, vcur.begin() + t*row);
+            std::copy_n(in.values.begin() + source_cell(in.idxs[t])*row, row, vcur.begin() + t*row);
         }
         ggml_backend_tensor_set(v_cur, vcur.data(), 0, ggml_nbytes(v_cur));
         set_quantized(ks, in.keys);
@@ -881,6 +883,32 @@ std::string designed_inf_tile_error(ggml_backend_t backend) {
     });
 }
 
+// Row indices are data: over RPC a client sets them, and an earlier node of the same graph can
+// rewrite them after the server checked them. A fill given rows below zero or past the cache
+// (its streams included) must write nothing for them, on both paths, and leave the bounds it
+// gives for the other rows bit for bit; before the fix a row below zero wrote below the bounds
+// (AddressSanitizer: heap-buffer-overflow) and one past the end aborted. Two streams, the key
+// sketch's statistics too.
+std::string designed_hostile_rows_error(ggml_backend_t backend) {
+    fuzz_case c = designed_case(2, 0.25f, 1, 1, keys_kind::uniform, 2, 4, true);
+    c.n_stream = 2;
+    const run_inputs in = make_inputs(c);
+    run_inputs hostile = in;
+    const int64_t cells = c.n_kv*c.n_stream;
+    for (int64_t bad : {(int64_t) -1, (int64_t) -c.block, -cells - 3, cells, cells + c.block*7 + 1, (int64_t) INT64_MIN,
+                        (int64_t) INT64_MAX}) {
+        hostile.idxs.insert(hostile.idxs.begin() + (hostile.idxs.size() > 1 ? 1 : 0), bad);
+    }
+    for (bool use_ref : {false, true}) {
+        const graph_out clean = run(c, in, backend, use_ref);
+        const graph_out bad   = run(c, hostile, backend, use_ref);
+        if (!same_bits(clean.filled, bad.filled)) {
+            return std::string(use_ref ? "reference" : "optimized") + " fill: rows outside the cache changed the bounds";
+        }
+    }
+    return "";
+}
+
 } // namespace
 
 int main(int argc, char ** argv) {
@@ -917,6 +945,7 @@ int main(int argc, char ** argv) {
         {"the key sketch reads the block whose stand-in is furthest off", designed_stand_in_error},
         {"a NaN key in the first tile a row reads makes the row NaN, as on dense's loop", designed_nan_tile_error},
         {"one +inf score is the row's only weight, as on dense's loop", designed_inf_tile_error},
+        {"a fill skips row indices outside the cache (below zero, past every stream)", designed_hostile_rows_error},
     };
     for (const auto & [what, check] : designed) {
         const std::string err = check(backend);
