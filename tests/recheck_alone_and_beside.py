@@ -1,0 +1,100 @@
+"""Two sequences of one context decoded step by step, first each alone, then side by side in
+one batch (a KV stream each, teacher-forced tokens): per step, each sequence's logits and whether
+the sparse recheck computed its step again. Prints JSON. Run by tests/test_recheck_per_sequence.py
+in a process of its own (llama_cpp loads the library named by LLAMA_CPP_LIB_PATH once).
+
+    python tests/recheck_alone_and_beside.py MODEL N_PROMPT N_STEPS
+"""
+
+import ctypes
+import json
+import random
+import sys
+
+import numpy as np
+from llama_sparse.python import make_params, _library, _SparseStats
+import llama_cpp
+
+MODEL, N_PROMPT, N_STEPS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lib = _library()
+lib.llama_sparse_init_from_model.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.c_void_p]
+lib.llama_sparse_init_from_model.restype = ctypes.c_void_p
+model = llama_cpp.llama_model_load_from_file(MODEL.encode(), llama_cpp.llama_model_default_params())
+n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+rng = random.Random(7)
+prompts = [[rng.randrange(n_vocab) for _ in range(N_PROMPT)] for _ in range(2)]
+forced = [[rng.randrange(n_vocab) for _ in range(5*N_STEPS)] for _ in range(2)]
+CHUNK = 4  # the second phase: sequence 1 sends 4 tokens a step, every one an output (more outputs than sequences)
+
+def context():
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx, cp.n_seq_max, cp.kv_unified, cp.n_batch, cp.n_ubatch = 4096, 2, False, 512, 512
+    cp.n_threads = cp.n_threads_batch = 2
+    cp.flash_attn_type = 1
+    p = make_params("on")
+    ctx = lib.llama_sparse_init_from_model(model, cp, ctypes.byref(p))
+    assert ctx
+    return ctx
+
+def decode(ctx, entries):  # entries: (token, pos, seq, output)
+    batch = llama_cpp.llama_batch_init(len(entries), 0, 2)
+    for i, (tok, pos, seq, out) in enumerate(entries):
+        batch.token[i] = tok; batch.pos[i] = pos; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = seq; batch.logits[i] = out
+    batch.n_tokens = len(entries)
+    rc = llama_cpp.llama_decode(ctx, batch)
+    assert rc == 0, rc
+    rows = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() if e[3] else None
+            for i, e in enumerate(entries)]
+    llama_cpp.llama_batch_free(batch)
+    return rows
+
+def rechecked(ctx, seq):
+    st = _SparseStats()
+    assert lib.llama_sparse_get_stats(ctx, seq, ctypes.byref(st), False)
+    return st.steps_rechecked, st.steps_sparse
+
+def prefill(ctx, seq):
+    toks = prompts[seq]
+    for c in range(0, len(toks), 512):
+        decode(ctx, [(t, c + i, seq, False) for i, t in enumerate(toks[c:c+512])])
+
+def run(joint):
+    ctx = context()
+    for s in (0, 1):
+        prefill(ctx, s)
+    logits = {0: [], 1: []}; per_step = []
+    for k in range(N_STEPS):
+        before = [rechecked(ctx, s)[0] for s in (0, 1)]
+        groups = [[0, 1]] if joint else [[0], [1]]
+        for g in groups:
+            rows = decode(ctx, [(forced[s][k], N_PROMPT + k, s, True) for s in g])
+            for s, r in zip(g, rows):
+                logits[s].append(r)
+        per_step.append(tuple(rechecked(ctx, s)[0] - before[s] for s in (0, 1)))
+    # second phase: sequence 0 decodes a step while sequence 1 sends a chunk of several tokens, read
+    # densely as a prompt's; only sequence 0's doubt may take its own step back
+    chunk = {0: [], 1: []}; per_step_chunk = []
+    for k in range(N_STEPS // 2):
+        before = [rechecked(ctx, s)[0] for s in (0, 1)]
+        entries = {0: [(forced[0][N_STEPS + k], N_PROMPT + N_STEPS + k, 0, True)],
+                   1: [(forced[1][N_STEPS + CHUNK*k + i], N_PROMPT + N_STEPS + CHUNK*k + i, 1, True) for i in range(CHUNK)]}
+        groups = [entries[0] + entries[1]] if joint else [entries[0], entries[1]]
+        for g in groups:
+            rows = decode(ctx, g)
+            for e, r in zip(g, rows):
+                chunk[e[2]].append(r)
+        per_step_chunk.append(tuple(rechecked(ctx, s)[0] - before[s] for s in (0, 1)))
+    for s in (0, 1):
+        logits[s].extend(chunk[s])
+    per_step.extend(per_step_chunk)
+    counts = [rechecked(ctx, s) for s in (0, 1)]
+    llama_cpp.llama_free(ctx)
+    return logits, per_step, counts
+
+alone = run(False)
+beside = run(True)
+print(json.dumps({
+    "rechecked_per_step": {"alone": alone[1], "beside": beside[1]},
+    "counts": {"alone": alone[2], "beside": beside[2]},
+    "max_abs_diff": [[float(np.max(np.abs(a - b))) for a, b in zip(alone[0][s], beside[0][s])] for s in (0, 1)],
+}))

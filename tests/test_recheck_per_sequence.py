@@ -1,0 +1,49 @@
+"""The recheck decides per sequence: a sequence's step is taken back and computed again densely
+only when its own next tokens are in doubt, never because another sequence in the same batch was.
+
+Two sequences with a KV stream each decode the same teacher-forced tokens, first each alone, then
+side by side in one batch. Before: a batch was taken back whole when any of its rows was thin, so
+beside each other the sequences were computed again 16 and 16 times in 24 steps where alone 11
+and 12 were in doubt, and a sequence's logits moved by up to 0.26 on the steps its neighbour's
+doubt made dense."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_sparse.binaries import lib_dir
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).parent / "recheck_alone_and_beside.py"
+
+
+def test_a_sequence_is_computed_again_when_its_own_step_is_in_doubt(tiny_qwen3: Path) -> None:
+    from llama_sparse.bindings import installed_version
+
+    assert installed_version() is not None, "llama-cpp-python: run `llama-sparse python-bindings install`"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARSE_") or k == "LLAMA_SPARSE_CACHE"}
+    env["LLAMA_CPP_LIB_PATH"] = str(lib_dir())
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tiny_qwen3), "1500", "24"], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    alone, beside = result["rechecked_per_step"]["alone"], result["rechecked_per_step"]["beside"]
+    # the case means something: some steps had one sequence in doubt and the other not (a random
+    # model's steps are often in doubt)
+    assert sum(a != b for a, b in alone) >= 4, alone
+    # beside a chunk of another sequence (4 outputs a step, read densely as a prompt's) only the
+    # decoding sequence is ever computed again
+    assert all(b == 0 for _, b in alone[24:]) and any(a for a, _ in alone[24:]), alone[24:]
+    # every sequence is computed again on exactly the steps it is alone, and counted so
+    assert beside == alone
+    assert result["counts"]["beside"] == result["counts"]["alone"]
+    # and its logits are its own: a step made dense by its neighbour moved them by 0.2-0.26; the
+    # same step beside another differs from alone only in the last bits of a batch of two (under 0.01)
+    assert max(max(d) for d in result["max_abs_diff"]) < 0.02, result["max_abs_diff"]
