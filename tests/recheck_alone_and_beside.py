@@ -4,6 +4,9 @@ the sparse recheck computed its step again. Prints JSON. Run by tests/test_reche
 in a process of its own (llama_cpp loads the library named by LLAMA_CPP_LIB_PATH once).
 
     python tests/recheck_alone_and_beside.py MODEL N_PROMPT N_STEPS
+
+A third run decodes side by side with a backend (greedy) sampler on sequence 1: its tokens, and
+sequence 0's recheck, must be what they are without it.
 """
 
 import ctypes
@@ -36,14 +39,19 @@ def context():
     assert ctx
     return ctx
 
-def decode(ctx, entries):  # entries: (token, pos, seq, output)
+SAMPLED = 1  # the sequence given a backend sampler in the third run
+
+
+def decode(ctx, entries, sampled_seq=None):  # entries: (token, pos, seq, output)
     batch = llama_cpp.llama_batch_init(len(entries), 0, 2)
     for i, (tok, pos, seq, out) in enumerate(entries):
         batch.token[i] = tok; batch.pos[i] = pos; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = seq; batch.logits[i] = out
     batch.n_tokens = len(entries)
     rc = llama_cpp.llama_decode(ctx, batch)
     assert rc == 0, rc
-    rows = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() if e[3] else None
+    # a backend-sampled sequence's row is its sampled token (its raw logits may not reach the host)
+    rows = [(np.array([llama_cpp.llama_get_sampled_token_ith(ctx, i)], dtype=np.float32) if e[2] == sampled_seq else
+             np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()) if e[3] else None
             for i, e in enumerate(entries)]
     llama_cpp.llama_batch_free(batch)
     return rows
@@ -58,8 +66,14 @@ def prefill(ctx, seq):
     for c in range(0, len(toks), 512):
         decode(ctx, [(t, c + i, seq, False) for i, t in enumerate(toks[c:c+512])])
 
-def run(joint):
+def run(joint, backend_sampler=False):
     ctx = context()
+    sampled_seq = None
+    if backend_sampler:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+        assert llama_cpp.llama_set_sampler(ctx, SAMPLED, chain)
+        sampled_seq = SAMPLED
     for s in (0, 1):
         prefill(ctx, s)
     logits = {0: [], 1: []}; per_step = []
@@ -67,7 +81,7 @@ def run(joint):
         before = [rechecked(ctx, s)[0] for s in (0, 1)]
         groups = [[0, 1]] if joint else [[0], [1]]
         for g in groups:
-            rows = decode(ctx, [(forced[s][k], N_PROMPT + k, s, True) for s in g])
+            rows = decode(ctx, [(forced[s][k], N_PROMPT + k, s, True) for s in g], sampled_seq)
             for s, r in zip(g, rows):
                 logits[s].append(r)
         per_step.append(tuple(rechecked(ctx, s)[0] - before[s] for s in (0, 1)))
@@ -77,12 +91,14 @@ def run(joint):
     for k in range(N_STEPS // 2):
         before = [rechecked(ctx, s)[0] for s in (0, 1)]
         entries = {0: [(forced[0][N_STEPS + k], N_PROMPT + N_STEPS + k, 0, True)],
-                   1: [(forced[1][N_STEPS + CHUNK*k + i], N_PROMPT + N_STEPS + CHUNK*k + i, 1, True) for i in range(CHUNK)]}
+                   1: [(forced[1][N_STEPS + CHUNK*k + i], N_PROMPT + N_STEPS + CHUNK*k + i, 1,
+                        sampled_seq != 1 or i == CHUNK - 1) for i in range(CHUNK)]}  # a backend sampler takes one output
         groups = [entries[0] + entries[1]] if joint else [entries[0], entries[1]]
         for g in groups:
-            rows = decode(ctx, g)
+            rows = decode(ctx, g, sampled_seq)
             for e, r in zip(g, rows):
-                chunk[e[2]].append(r)
+                if r is not None:
+                    chunk[e[2]].append(r)
         per_step_chunk.append(tuple(rechecked(ctx, s)[0] - before[s] for s in (0, 1)))
     for s in (0, 1):
         logits[s].extend(chunk[s])
@@ -93,8 +109,16 @@ def run(joint):
 
 alone = run(False)
 beside = run(True)
+alone_sampled = run(False, backend_sampler=True)
+beside_sampled = run(True, backend_sampler=True)
 print(json.dumps({
     "rechecked_per_step": {"alone": alone[1], "beside": beside[1]},
     "counts": {"alone": alone[2], "beside": beside[2]},
     "max_abs_diff": [[float(np.max(np.abs(a - b))) for a, b in zip(alone[0][s], beside[0][s])] for s in (0, 1)],
+    "backend_sampler": {
+        "rechecked_per_step": {"alone": alone_sampled[1], "beside": beside_sampled[1]},
+        "sampled_tokens": {"alone": [int(r[0]) for r in alone_sampled[0][SAMPLED]],
+                           "beside": [int(r[0]) for r in beside_sampled[0][SAMPLED]]},
+        "max_abs_diff_seq0": [float(np.max(np.abs(a - b))) for a, b in zip(alone[0][0], beside_sampled[0][0])],
+    },
 }))

@@ -24,16 +24,20 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "recheck_alone_and_beside.py"
 
 
-def test_a_sequence_is_computed_again_when_its_own_step_is_in_doubt(tiny_qwen3: Path) -> None:
+def _run(model: Path) -> dict:
     from llama_sparse.bindings import installed_version
 
     assert installed_version() is not None, "llama-cpp-python: run `llama-sparse python-bindings install`"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_SPARSE_") or k == "LLAMA_SPARSE_CACHE"}
     env["LLAMA_CPP_LIB_PATH"] = str(lib_dir())
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tiny_qwen3), "1500", "24"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(model), "1500", "24"], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_sequence_is_computed_again_when_its_own_step_is_in_doubt(tiny_qwen3: Path) -> None:
+    result = _run(tiny_qwen3)
     alone, beside = result["rechecked_per_step"]["alone"], result["rechecked_per_step"]["beside"]
     # the case means something: some steps had one sequence in doubt and the other not (a random
     # model's steps are often in doubt)
@@ -47,3 +51,19 @@ def test_a_sequence_is_computed_again_when_its_own_step_is_in_doubt(tiny_qwen3: 
     # and its logits are its own: a step made dense by its neighbour moved them by 0.2-0.26; the
     # same step beside another differs from alone only in the last bits of a batch of two (under 0.01)
     assert max(max(d) for d in result["max_abs_diff"]) < 0.02, result["max_abs_diff"]
+
+
+def test_a_backend_sampler_on_one_sequence_leaves_the_others_recheck_alone(tiny_qwen3: Path) -> None:
+    """A sequence with a backend sampler keeps its step (its choice is made on the device); the
+    other sequences of its batches keep their recheck. Before: one backend sampler in the context
+    switched the recheck off for every sequence."""
+    result = _run(tiny_qwen3)
+    plain = [a for a, _ in result["rechecked_per_step"]["alone"]]
+    sampled = result["backend_sampler"]
+    # sequence 0 beside a backend-sampled sequence is computed again where it is alone without one
+    assert [a for a, _ in sampled["rechecked_per_step"]["beside"]] == plain and sum(plain) > 0, sampled
+    assert all(b == 0 for _, b in sampled["rechecked_per_step"]["beside"]), sampled
+    assert max(sampled["max_abs_diff_seq0"]) < 0.02, sampled["max_abs_diff_seq0"]
+    # and the sampled sequence's tokens are those it samples alone
+    assert sampled["sampled_tokens"]["beside"] == sampled["sampled_tokens"]["alone"], sampled["sampled_tokens"]
+    assert all(t >= 0 for t in sampled["sampled_tokens"]["beside"])
