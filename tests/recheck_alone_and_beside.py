@@ -29,12 +29,12 @@ prompts = [[rng.randrange(n_vocab) for _ in range(N_PROMPT)] for _ in range(2)]
 forced = [[rng.randrange(n_vocab) for _ in range(5*N_STEPS)] for _ in range(2)]
 CHUNK = 4  # the second phase: sequence 1 sends 4 tokens a step, every one an output (more outputs than sequences)
 
-def context():
+def context(mode="on"):
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx, cp.n_seq_max, cp.kv_unified, cp.n_batch, cp.n_ubatch = 4096, 2, False, 512, 512
     cp.n_threads = cp.n_threads_batch = 2
     cp.flash_attn_type = 1
-    p = make_params("on")
+    p = make_params(mode)
     ctx = lib.llama_sparse_init_from_model(model, cp, ctypes.byref(p))
     assert ctx
     return ctx
@@ -107,6 +107,36 @@ def run(joint, backend_sampler=False):
     llama_cpp.llama_free(ctx)
     return logits, per_step, counts
 
+def caller_recheck():
+    """llama_sparse_recheck_row, as a sampler with a grammar calls it: the two sequences side by side;
+    on each step whose row of sequence 0 read sparsely, its recheck is asked for. Per step: the
+    margin before and after, whether sequence 1's logits stayed bit for bit, sequence 0's logits
+    against the same step in a dense context (sparse attention off), and its rechecked count."""
+    lib.llama_sparse_recheck_margin.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.llama_sparse_recheck_margin.restype = ctypes.c_float
+    lib.llama_sparse_recheck_row.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.llama_sparse_recheck_row.restype = ctypes.c_int32
+    ctx, dense = context(), context("off")
+    for c in (ctx, dense):
+        for s in (0, 1):
+            prefill(c, s)
+    steps = []
+    for k in range(N_STEPS):
+        entries = [(forced[s][k], N_PROMPT + k, s, True) for s in (0, 1)]
+        rows = decode(ctx, entries)
+        want = decode(dense, entries)
+        margin = lib.llama_sparse_recheck_margin(ctx, 0)
+        before = rechecked(ctx, 0)[0]
+        rc = lib.llama_sparse_recheck_row(ctx, 0)
+        after = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() for i in (0, 1)]
+        steps.append({"margin": float(margin), "rc": int(rc), "margin_after": float(lib.llama_sparse_recheck_margin(ctx, 0)),
+                      "rechecked": rechecked(ctx, 0)[0] - before,
+                      "seq1_unchanged": bool(np.array_equal(after[1], rows[1])),
+                      "seq0_moved": float(np.max(np.abs(after[0] - rows[0]))),
+                      "seq0_vs_dense": float(np.max(np.abs(after[0] - want[0])))})
+    return steps
+
+
 alone = run(False)
 beside = run(True)
 alone_sampled = run(False, backend_sampler=True)
@@ -115,6 +145,7 @@ print(json.dumps({
     "rechecked_per_step": {"alone": alone[1], "beside": beside[1]},
     "counts": {"alone": alone[2], "beside": beside[2]},
     "max_abs_diff": [[float(np.max(np.abs(a - b))) for a, b in zip(alone[0][s], beside[0][s])] for s in (0, 1)],
+    "caller": caller_recheck(),
     "backend_sampler": {
         "rechecked_per_step": {"alone": alone_sampled[1], "beside": beside_sampled[1]},
         "sampled_tokens": {"alone": [int(r[0]) for r in alone_sampled[0][SAMPLED]],

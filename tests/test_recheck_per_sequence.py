@@ -67,3 +67,19 @@ def test_a_backend_sampler_on_one_sequence_leaves_the_others_recheck_alone(tiny_
     # and the sampled sequence's tokens are those it samples alone
     assert sampled["sampled_tokens"]["beside"] == sampled["sampled_tokens"]["alone"], sampled["sampled_tokens"]
     assert all(t >= 0 for t in sampled["sampled_tokens"]["beside"])
+
+
+def test_a_caller_can_ask_for_a_rows_recheck(tiny_qwen3: Path) -> None:
+    """llama_sparse_recheck_margin / llama_sparse_recheck_row, which common's sampler calls when a
+    grammar's two best allowed tokens are within the margin (the recheck of the raw logits cannot
+    see what a grammar allows): the row's sequence is computed again densely, the other sequence's
+    logits stay bit for bit, the step is counted once and asked for no more."""
+    steps = _run(tiny_qwen3)["caller"]
+    sparse_steps = [s for s in steps if s["margin"] > 0]
+    assert len(sparse_steps) >= 4 and all(s["margin"] in (0.0, 0.25) for s in steps), steps
+    for s in steps:
+        assert s["rc"] == 0 and s["margin_after"] == 0.0 and s["seq1_unchanged"], s
+        # computed again: dense's logits up to a batch's last bits; a sparse row was 0.2-0.25 away
+        assert s["seq0_vs_dense"] < 0.02, s
+        assert s["rechecked"] == (1 if s["margin"] > 0 else 0), s
+    assert max(s["seq0_moved"] for s in sparse_steps) > 0.05
