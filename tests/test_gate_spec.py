@@ -188,6 +188,9 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": -1}, "stagger: must be seconds"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "batch": [1, 4], "stagger": "soon"}, "stagger: must be seconds"),
     ({"stagger": 1}, "stagger: applies to kind niah only"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "json_schema": "digits"}, "json_schema: must be a JSON schema (a mapping)"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "json_schema": {}}, "json_schema: must be a JSON schema (a mapping)"),
+    ({"json_schema": {"type": "object"}}, "json_schema: applies to kind niah only"),
     ({"speed_context": 8192}, "speed_context: applies to kind frontier only"),
     ({"prompt_text": "poetry"}, "prompt_text: must be one of reference, prose, not 'poetry'"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "prompt_text": "prose"}, "prompt_text: applies to kind ab only"),
@@ -223,6 +226,14 @@ def test_stagger_with_a_batch_loads(tmp_path: Path) -> None:
     data = {**BASE, "kind": "niah", "thresholds": {}, "batch": [1, 4], "stagger": 1.5}
     data.pop("repeats")
     assert load(write(tmp_path, yaml.safe_dump(data))).stagger == 1.5
+
+
+def test_a_json_schema_is_kept_for_the_requests(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    data = {**BASE, "kind": "niah", "thresholds": {}, "json_schema": schema}
+    data.pop("repeats")
+    spec = load(write(tmp_path, yaml.safe_dump(data)))
+    assert spec.json_schema == schema and spec.to_dict()["json_schema"] == schema
 
 
 def test_only_samples_are_kept_in_order_given(tmp_path: Path) -> None:

@@ -131,6 +131,11 @@ def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample
     return records
 
 
+def constrained(ctx: GateContext) -> dict:
+    """The request's json_schema where the gate gives one (a grammar the sampler applies)."""
+    return {"json_schema": ctx.spec.json_schema} if ctx.spec.json_schema is not None else {}
+
+
 def staggered_n_predict(n_predict: int, index: int) -> int:
     """Tokens asked of sample `index` in a staggered gate: a full, three-quarter, half or quarter
     answer in turn (at least 8 tokens), so concurrent requests end at different times. The same
@@ -157,7 +162,7 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
             def one(s: niah.NiahSample, delay: float = 0.0) -> dict:
                 time.sleep(delay)
                 n = staggered_n_predict(n_predict, s.index) if stagger else n_predict
-                resp = server.complete(s.prompt, n_predict=n, n_probs=N_PROBS)
+                resp = server.complete(s.prompt, n_predict=n, n_probs=N_PROBS, **constrained(ctx))
                 task.advance()
                 return sample_record(s, resp.get("content", ""), margin=decisive_margin(resp, s.values))
 
@@ -232,7 +237,7 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                         server.complete(s.prompt, n_predict=1, id_slot=0)
                         server.request("POST", "/slots/0?action=save", json={"filename": SLOT_FILE})
                     server.request("POST", "/slots/0?action=restore", json={"filename": SLOT_FILE})
-                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0, n_probs=N_PROBS)
+                    resp = server.complete(s.prompt, n_predict=n_predict, id_slot=0, n_probs=N_PROBS, **constrained(ctx))
                     evaluated = int(resp.get("timings", {}).get("prompt_n", 0))
                     if evaluated > MAX_REUSED_TAIL:
                         raise ArmError(f"arm {arm.name}: the restored prefill was not reused "
@@ -319,7 +324,7 @@ def run(ctx: GateContext) -> None:
                             ctx.record(r)
 
 
-NIAH_KEYS = ("tasks", "batch", "calibration_samples", "shared_prefill", "only_samples", "stagger")
+NIAH_KEYS = ("tasks", "batch", "calibration_samples", "shared_prefill", "only_samples", "stagger", "json_schema")
 NIAH_THRESHOLDS = {
     "min_score": Threshold("fraction of needles found, per arm and context", "niah", "min", 0, 1),
     "max_lost": Threshold("needles the reference arm found that another arm did not (alone, same "

@@ -101,6 +101,8 @@ class GateSpec:
                                                 # (each on its own client), answer lengths varied
     only_samples: tuple[int, ...] = ()          # niah only: answer just these sample indices (of
                                                 # `samples`, each the same prompt as in the full run)
+    json_schema: dict[str, Any] | None = None   # niah only: every scored answer constrained to it
+                                                # (llama-server's json_schema: a grammar)
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -127,7 +129,7 @@ class GateSpec:
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
             "time_limit": self.time_limit, "skip_steps": self.skip_steps,
             "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
-            "only_samples": list(self.only_samples), "stagger": self.stagger, "speed_context": self.speed_context, "prompt_text": self.prompt_text, "seed": self.seed, "threads": self.threads,
+            "only_samples": list(self.only_samples), "json_schema": self.json_schema, "stagger": self.stagger, "speed_context": self.speed_context, "prompt_text": self.prompt_text, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 

@@ -29,6 +29,7 @@ with a message that starts with the file (and line) it is in, all problems of a 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import shlex
@@ -441,6 +442,12 @@ def load(path: Path) -> GateSpec:
             ck.fail(lines["stagger"], "stagger: the shared-prefill arms answer one prompt at a time")
         else:
             values["stagger"] = t
+    if "json_schema" in data:
+        schema = data["json_schema"]
+        if not isinstance(schema, dict) or not schema:
+            ck.fail(lines["json_schema"], f"json_schema: must be a JSON schema (a mapping), not {_type_name(schema)} ({schema!r})")
+        else:
+            values["json_schema"] = json.loads(json.dumps(schema))  # plain JSON, as the request sends it
     if "only_samples" in data:
         values["only_samples"] = _unique_list(ck, data, "only_samples", _index_item, "sample indices")
         n = values.get("samples", GateSpec.samples)
