@@ -2,7 +2,8 @@
 
 A `ggml-rpc-server` on 127.0.0.1 takes every layer (-ngl 99): weights, the KV cache and the key
 bounds live on the RPC device, fill and select run there, and so does the flash attention that
-reads the selection when the server is a build of this patch set (its protocol version says so).
+reads the selection when the server is a build of this patch set (its protocol version says so)
+and says its device runs that node (RPC_CMD_SUPPORTS_OP).
 A server of another build would ignore the selection, so there the attention stays on a local
 device and the scheduler copies the K/V views it reads every step, with a warning that says so
 (`GGML_RPC_SPARSE_LOCAL=1` forces that path). The logits of every step must equal the local
@@ -201,7 +202,8 @@ CONTRACT = Path(__file__).parent / "data" / "rpc-sparse-contract.txt"
 
 def _sparse_contract(vendor: Path) -> str:
     """What a server and a client of the sparse ops must agree on: the ops' declarations (sources
-    and parameters) in ggml.h, the rules a node must meet, and the RPC commands, whitespace-normalised."""
+    and parameters) in ggml.h, the rules a node must meet, and the RPC commands, without comments
+    and with white space folded."""
     header = (vendor / "ggml/include/ggml.h").read_text()
     decls = re.findall(r"GGML_API[^;]*\b(?:ggml_sparse_attn_\w+|ggml_scsa_attn|ggml_flash_attn_ext_set_block_\w+)\s*\([^;]*;",
                        header)
@@ -210,7 +212,8 @@ def _sparse_contract(vendor: Path) -> str:
     rpc = (vendor / "ggml/src/ggml-rpc/ggml-rpc.cpp").read_text()
     commands = re.search(r"enum rpc_cmd \{.*?\};", rpc, re.S)
     assert decls and rules and commands
-    return " ".join(" ".join(decls + [rules.group(0), commands.group(0)]).split())
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", " ", "\n".join(decls + [rules.group(0), commands.group(0)]), flags=re.S)
+    return " ".join(code.split())  # comments and white space are not the contract
 
 
 def test_the_rpc_protocol_version_moves_with_the_sparse_ops_contract(project) -> None:
