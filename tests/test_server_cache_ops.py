@@ -4,6 +4,8 @@ tokens, same top probabilities) through each; a top-K arm must keep serving."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,36 @@ def test_slot_save_restore_and_prompt_reuse(start_server, smollm2: Path, tmp_pat
     assert dense == select_all
     top_k = save_restore_sequence(start_server, smollm2, tmp_path, "top-k", TOP_K)
     assert all(content for content, _ in top_k)
+
+
+def test_restore_rebuilds_only_the_restored_slot(start_server, smollm2: Path, tmp_path: Path) -> None:
+    """A slot restored into a cache it shares with another slot (llama-server's unified cache)
+    rebuilds the key bounds of its own blocks only: the blocks of the cells it freed and of those
+    it wrote, not the other slot's long prompt; in pieces of bounded host memory."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2,
+                                       extra_args=["--kv-unified", "--slot-save-path", f"{slots}/", "--sparse-attn", "on",
+                                                   "-v"]))  # -v: llama's own lines are below the default verbosity
+    block = int(server.wait_log_until(lambda log: (m := re.search(r"key bounds.*\(block (\d+),", log)) and m.group(1),
+                                      what="the key bounds' block size"))
+    text = reference_text()
+    long = server.complete(text[:24000], n_predict=4, id_slot=0)["timings"]["prompt_n"]
+    server.complete(text[30000:33000], n_predict=4, id_slot=1)
+    server.request("POST", "/slots/1?action=save", json={"filename": "slot1.bin"})
+    offset = server.log_size()
+    restored = server.request("POST", "/slots/1?action=restore", json={"filename": "slot1.bin"})["n_restored"]
+    found = server.wait_log_until(
+        lambda log: re.search(r"rebuilt the key bounds of (\d+) blocks after the restore .*\((\d+) pieces of at most", log),
+        offset, what="the restore's rebuild line")
+    rebuilt, pieces = int(found.group(1)), int(found.group(2))
+    own = math.ceil(restored/block) + 1  # the blocks its cells span (one more where they straddle a boundary)
+    assert 0 < rebuilt <= 2*own, (f"a restore of {restored} cells rebuilt {rebuilt} blocks of {block} cells"
+                                  f" (the other slot's {long} cells span {math.ceil(long/block)})")
+    assert 1 <= pieces <= rebuilt
+    # the slot serves on from its restored cache
+    after = server.complete(text[30000:33000] + " And", n_predict=4, id_slot=1)
+    assert after["timings"]["prompt_n"] < 16 and after["content"]
 
 
 def context_shift_run(start_server, model: Path, name: str, flags: list[str]) -> tuple[str, str]:

@@ -292,3 +292,27 @@ def test_tolerance_with_the_key_bounds_is_reported_not_ignored(tiny_qwen3, tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "applies to the key sketch" not in proc.stderr
     assert "key bounds, block 32, coverage 0.625, sink" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("sparse, parallel, slots, unified", [
+    ([], -1, 4, True),                                   # upstream's automatic slots: 4, one unified cache
+    (["--sparse-attn", "on"], -1, 1, False),             # the block method: one slot with the whole context
+    (["--sparse-attn", "auto"], -1, 1, False),
+    (["--sparse-attn", "on"], 2, 2, False),              # asked for: a KV stream per slot
+    (["--sparse-attn", "on", "--kv-unified"], 2, 2, True),  # asked for, warned about
+])
+def test_slot_layout_with_sparse_attention(tiny_qwen3, start_server, sparse: list[str], parallel: int, slots: int,
+                                           unified: bool) -> None:
+    """llama-server's automatic slot count shares one unified KV cache among 4 slots, where the
+    block method reads every slot's cells and the blocks slots fill together whole (slower than
+    dense there, docs/results/ab-parallel4-layout-smollm2.md): with sparse attention it takes one
+    slot with the whole context and says why; a layout the user asks for is kept."""
+    from llama_sparse.server import ServerConfig
+
+    server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=1024, parallel=parallel, extra_args=sparse))
+    assert server.props()["total_slots"] == slots
+    log = server.wait_log("kv_unified")
+    assert f"kv_unified = '{'true' if unified else 'false'}'" in log
+    assert ("sparse attention: one slot with the whole context" in log) == (sparse != [] and parallel == -1)
+    assert ("sparse attention with --kv-unified and 2 slots" in log) == ("--kv-unified" in sparse)
+    assert server.complete("hello world", n_predict=4)["tokens_predicted"] == 4
