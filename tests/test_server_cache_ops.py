@@ -71,9 +71,10 @@ def test_restore_rebuilds_only_the_restored_slot(start_server, smollm2: Path, tm
     offset = server.log_size()
     restored = server.request("POST", "/slots/1?action=restore", json={"filename": "slot1.bin"})["n_restored"]
     found = server.wait_log_until(
-        lambda log: re.search(r"rebuilt the key bounds of (\d+) blocks after the restore .*\((\d+) pieces of at most", log),
+        lambda log: re.search(r"rebuilt the key bounds of (\d+) blocks after the restore in [\d.]+ ms, (\d+) piece\(s\) of at most", log),
         offset, what="the restore's rebuild line")
     rebuilt, pieces = int(found.group(1)), int(found.group(2))
+    print(f"slot 1: {restored} cells restored beside slot 0's {long}: {rebuilt} blocks of {block} rebuilt in {pieces} piece(s)")
     own = math.ceil(restored/block) + 1  # the blocks its cells span (one more where they straddle a boundary)
     assert 0 < rebuilt <= 2*own, (f"a restore of {restored} cells rebuilt {rebuilt} blocks of {block} cells"
                                   f" (the other slot's {long} cells span {math.ceil(long/block)})")
