@@ -34,7 +34,8 @@ def context(mode="on"):
     cp.n_ctx, cp.n_seq_max, cp.kv_unified, cp.n_batch, cp.n_ubatch = 4096, 2, False, 512, 512
     cp.n_threads = cp.n_threads_batch = 2
     cp.flash_attn_type = 1
-    p = make_params(mode)
+    # the block method at every length (its default minimum keeps short contexts dense)
+    p = make_params(mode, **({"sparse_attn_min_kv": 0} if mode == "on" else {}))
     ctx = lib.llama_sparse_init_from_model(model, cp, ctypes.byref(p))
     assert ctx
     return ctx

@@ -74,7 +74,7 @@ def assert_bounds_exact(run: dict) -> None:
 def test_select_all_equals_dense_through_every_cache_operation(request, tmp_path: Path, model_fixture: str) -> None:
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck(model, tmp_path, "--sparse-attn", "off")
-    select_all = cachecheck(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-topk", "100000")
+    select_all = cachecheck(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound", "--sparse-attn-topk", "100000")
     for name in SCENARIOS:
         assert len(dense[name]["steps"]) > 0
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
@@ -92,7 +92,7 @@ def test_memory_breakdown_counts_the_key_bounds(request, tmp_path: Path, model_f
     with, and what it prints) must hold them, to the byte."""
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck_run(model, tmp_path, "--sparse-attn", "off", prompt_tokens=256)
-    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-block-size", "64",
+    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound", "--sparse-attn-block-size", "64",
                             prompt_tokens=256)
     n_layer, n_head_kv, head = MODEL_SHAPES[model_fixture]
     n_blocks = -(-sparse["n_ctx"] // 64)
@@ -107,7 +107,7 @@ def test_memory_breakdown_counts_the_block_statistics_and_the_key_sketch(request
     after the key bounds, and a q4_0 copy of every key: all of it in the breakdown, to the byte."""
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck_run(model, tmp_path, "--sparse-attn", "off", prompt_tokens=256)
-    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "sketch",
+    sparse = cachecheck_run(model, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "sketch",
                             "--sparse-attn-block-size", "64", prompt_tokens=256)
     n_layer, n_head_kv, head = MODEL_SHAPES[model_fixture]
     n_ctx = sparse["n_ctx"]
@@ -121,7 +121,7 @@ def test_select_all_with_the_key_sketch_equals_dense_through_every_cache_operati
     """Everything selected leaves no block to a tail: the sketch path must then be dense, bit for
     bit, and its block statistics and sketch must follow every cache operation."""
     dense = cachecheck(tiny_qwen3, tmp_path, "--sparse-attn", "off")
-    select_all = cachecheck(tiny_qwen3, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "sketch",
+    select_all = cachecheck(tiny_qwen3, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "sketch",
                             "--sparse-attn-topk", "100000")
     for name in SCENARIOS:
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
@@ -133,7 +133,7 @@ def test_block_statistics_and_key_sketch_stay_exact(smollm2: Path, tmp_path: Pat
     """The sketch path at a quarter of the blocks (tails in use) through every cache operation: no
     block's value sum or count holds a key no cell holds or misses one, and every cell's sketch is
     its key (a K-shift rotates keys, a restore writes them without the graph: both re-sketch)."""
-    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "sketch",
+    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "sketch",
                      "--sparse-attn-coverage", "0.25", "-ctk", cache_type, "-ctv", cache_type)
     assert_bounds_exact(run)
     after = {c["after"] for s in run.values() for c in s["checks"]}
@@ -142,7 +142,7 @@ def test_block_statistics_and_key_sketch_stay_exact(smollm2: Path, tmp_path: Pat
 
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
 def test_bounds_stay_exact_with_top_k_selection(smollm2: Path, tmp_path: Path, cache_type: str) -> None:
-    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-coverage", "0.25",
+    run = cachecheck(smollm2, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound", "--sparse-attn-coverage", "0.25",
                      "-ctk", cache_type, "-ctv", cache_type)
     assert_bounds_exact(run)
     # the checks covered the operations that could leave bounds stale
@@ -154,7 +154,7 @@ def test_bounds_stay_exact_with_top_k_selection(smollm2: Path, tmp_path: Path, c
 def test_gemma3_global_layers_keep_exact_bounds(gemma3: Path, tmp_path: Path) -> None:
     # iSWA: only the full-attention layers keep bounds; removal goes through both caches
     dense = cachecheck(gemma3, tmp_path, "--sparse-attn", "off", prompt_tokens=600)
-    select_all = cachecheck(gemma3, tmp_path, "--sparse-attn", "on", "--sparse-attn-topk", "100000", prompt_tokens=600)
+    select_all = cachecheck(gemma3, tmp_path, "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-topk", "100000", prompt_tokens=600)
     for name in SCENARIOS:
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"
     assert_bounds_exact(select_all)
@@ -169,7 +169,7 @@ def test_a_recheck_of_every_step_equals_dense_through_every_cache_operation(requ
     stay exact. The same run without the recheck differs from dense: the test can fail."""
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck(model, tmp_path, "--sparse-attn", "off")
-    flags = ("--sparse-attn", "on", "--sparse-attn-score", "sketch", "--sparse-attn-coverage", "0.25")
+    flags = ("--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "sketch", "--sparse-attn-coverage", "0.25")
     rechecked = cachecheck(model, tmp_path, *flags, "--sparse-attn-recheck", "100")
     sparse = cachecheck(model, tmp_path, *flags, "--sparse-attn-recheck", "0")
     for name in SCENARIOS:
@@ -182,7 +182,7 @@ def test_a_recheck_of_every_step_equals_dense_through_every_cache_operation(requ
 def test_select_all_equals_dense_with_a_kv_stream_per_sequence(request, tmp_path: Path, model_fixture: str) -> None:
     model = request.getfixturevalue(model_fixture)
     dense = cachecheck(model, tmp_path, "--cc-kv-per-seq", "--sparse-attn", "off", prompt_tokens=600)
-    select_all = cachecheck(model, tmp_path, "--cc-kv-per-seq", "--sparse-attn", "on", "--sparse-attn-topk", "100000",
+    select_all = cachecheck(model, tmp_path, "--cc-kv-per-seq", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-topk", "100000",
                             prompt_tokens=600)
     for name in SCENARIOS:
         assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all logits differ from dense"

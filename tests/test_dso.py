@@ -84,10 +84,10 @@ def test_on_alone_is_the_key_sketch_at_a_quarter_on_the_cpu(tiny_qwen3: Path, tm
     """The defaults are the product: `on` and nothing else resolves, for a CPU KV cache, to the key
     sketch reading at most a quarter of the blocks, stopping at a tolerance of 0.03 (no floor); asking for the
     bounds gives them their own coverage and no tolerance."""
-    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on")
+    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on", "--sparse-attn-min-kv", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sparse_attn           = on (key sketch, block tail, block 32, coverage 0.25, tolerance 0.03, sink" in proc.stderr
-    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on", "--sparse-attn-score", "bound")
+    proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sparse_attn           = on (key bounds, block 32, coverage 0.625, sink" in proc.stderr
 
@@ -163,7 +163,7 @@ def test_sparse_off_is_bit_identical_to_upstreams_dso_and_sparse_reads_less(tiny
     statistics call reports what they read."""
     _need_llama_cpp_python()
     proc = subprocess.run([sys.executable, "-m", "llama_sparse", "python-check", "--model", str(tiny_qwen3),
-                           "--context", "2048", "--steps", "8", "--out", str(tmp_path)],
+                           "--context", "4608", "--steps", "8", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=900, env=_env_without_sparse())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(next(tmp_path.glob("python-check-*.json")).read_text())

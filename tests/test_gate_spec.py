@@ -191,6 +191,11 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "json_schema": "digits"}, "json_schema: must be a JSON schema (a mapping)"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "json_schema": {}}, "json_schema: must be a JSON schema (a mapping)"),
     ({"json_schema": {"type": "object"}}, "json_schema: applies to kind niah only"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "mix": ["greedy", "beam"]}, "mix: must be a list of the requests greedy, json, sampled, backend"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "mix": []}, "mix: must be a list of the requests"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "mix": ["greedy", "json"]}, "mix: its json requests need the gate's json_schema"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": True, "mix": ["greedy", "sampled"]}, "mix: the shared-prefill arms answer"),
+    ({"mix": ["greedy"]}, "mix: applies to kind niah only"),
     ({"speed_context": 8192}, "speed_context: applies to kind frontier only"),
     ({"prompt_text": "poetry"}, "prompt_text: must be one of reference, prose, not 'poetry'"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "prompt_text": "prose"}, "prompt_text: applies to kind ab only"),
@@ -508,3 +513,11 @@ def test_frontier_reads_its_keys(tmp_path: Path) -> None:
     assert load(write(tmp_path, yaml.safe_dump({"kind": "frontier", "models": ["smollm2-135m"],
                                                 "context_lengths": [4096], "arms": ["dense", "b"]}),
                       name="g2.yaml")).speed_context == 8192
+
+
+def test_a_mix_is_kept_in_order(tmp_path: Path) -> None:
+    data = {**BASE, "kind": "niah", "thresholds": {}, "batch": [1, 4], "mix": ["greedy", "json", "backend"],
+            "json_schema": {"type": "object"}}
+    data.pop("repeats")
+    spec = load(write(tmp_path, yaml.safe_dump(data)))
+    assert spec.mix == ("greedy", "json", "backend") and spec.to_dict()["mix"] == ["greedy", "json", "backend"]

@@ -32,7 +32,7 @@ n_predict: 8
 arms:
   - {name: upstream, variant: upstream}
   - {name: patched}
-  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
+  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-topk, "1048576"]}
 """)
     assert ctx.report.verdict() is True
     assert [r.metrics["diff_prompts"] for r in ctx.report.results] == [0.0] * 4
@@ -90,7 +90,7 @@ samples: 1
 n_predict: 8
 arms:
   - {name: dense}
-  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25"]}
+  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-coverage, "0.25"]}
 """)
     assert ctx.report.verdict() is False
     assert ctx.report.results[0].samples[0]["logits_bit_identical"] is False
@@ -106,7 +106,7 @@ n_predict: 16
 arms:
   - dense
   - {name: dense-again}
-  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25", --sparse-attn-recheck, "0"]}
+  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-coverage, "0.25", --sparse-attn-recheck, "0"]}
 """)
     dense, again, sparse = ctx.report.results
     # the server log says how much of the KV the sparse decode read: about the coverage (no step
@@ -195,8 +195,8 @@ def test_niah_shared_prefill_answers_as_each_arm_alone(tmp_path: Path) -> None:
 arms:
   - dense
   - {name: dense-again, flags: []}
-  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
-  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-topk, "2", --sparse-attn-block-size, "32"]}
+  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-topk, "1048576"]}
+  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-topk, "2", --sparse-attn-block-size, "32"]}
 """
     head = """
 kind: niah
@@ -292,6 +292,45 @@ arms:
     assert len(set(n_decoded)) > 1, n_decoded   # the answers' lengths differ
 
 
+def test_niah_mix_sends_each_request_kind_and_compares_it_with_alone(tmp_path: Path) -> None:
+    """With `mix`, sample i sends the i-th request kind in turn (greedy, JSON schema, sampled,
+    backend-sampled), alone and under load; the deterministic ones are compared with alone, by
+    answer and by the steps computed again that each response's timings report."""
+    ctx = gate(tmp_path, """
+kind: niah
+models: [tiny-qwen3]
+context_lengths: [1536]
+samples: 4
+batch: [1, 4]
+stagger: 0.05
+tasks: [niah_single_2]
+n_predict: 32
+mix: [greedy, json, sampled, backend]
+json_schema: {type: object, properties: {answer: {type: string}}, required: [answer]}
+arms:
+  - {name: dense, flags: [--no-kv-unified]}
+  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --no-kv-unified]}
+""")
+    dense_alone, dense_load, sparse_alone, sparse_load = ctx.report.results
+    for r in ctx.report.results:
+        assert r.error is None, r.error
+        assert [x["request"] for x in r.samples] == ["greedy", "json", "sampled", "backend"]
+    assert dense_load.metrics["deterministic_requests"] == 2
+    assert dense_load.metrics["rechecks_changed_under_load"] == 0
+    assert "changed_beyond_reference" not in dense_load.metrics            # dense is the reference
+    assert "changed_beyond_reference" in sparse_load.metrics
+    # the JSON request answers an object; the dense arm has no sparse figures, the sparse arm's
+    # deterministic requests read sparsely
+    assert sparse_alone.samples[1]["output"].lstrip().startswith("{")
+    assert all(x["rechecked"] is None for x in dense_alone.samples)
+    for x in sparse_alone.samples[:2]:
+        assert x["rechecked"] is not None and 0 <= x["rechecked"][0] <= x["rechecked"][1] and x["rechecked"][1] > 0, x
+    # sampled on the backend (no probabilities asked): a step llama-server sampled is never taken back
+    assert sparse_alone.samples[3]["rechecked"][0] == 0 == sparse_load.samples[3]["rechecked"][0]
+    assert sparse_load.metrics["rechecks_changed_under_load"] == 0, \
+        [(a["rechecked"], b["rechecked"]) for a, b in zip(sparse_alone.samples, sparse_load.samples)]
+
+
 def test_frontier_gate_puts_each_arm_at_its_needles_and_its_speed(tmp_path: Path) -> None:
     """One run: the needles of every arm (from dense's prefill), then every arm's speed against
     dense's at speed_context; one frontier point per arm, the select-all anchor on dense's
@@ -308,8 +347,8 @@ n_predict: 8
 repeats: 5
 arms:
   - dense
-  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-topk, "1048576"]}
-  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-topk, "2", --sparse-attn-block-size, "32", --sparse-attn-recheck, "0"], coverage: 0.25}
+  - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-topk, "1048576"]}
+  - {name: top-k, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-topk, "2", --sparse-attn-block-size, "32", --sparse-attn-recheck, "0"], coverage: 0.25}
 """)
     from llama_sparse.gates import frontier
 

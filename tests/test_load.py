@@ -35,7 +35,7 @@ time_limit: 600
 arms:
   - dense
   - name: sparse-0.25
-    flags: [--sparse-attn, "on", --sparse-attn-coverage, "0.25"]
+    flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-coverage, "0.25"]
 """
 
 

@@ -23,8 +23,7 @@ pytestmark = pytest.mark.slow
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
 
-# (name, request parameters); distinct lengths, so each request's timing record is found by its
-# slot and its count of decoded tokens
+# (name, request parameters)
 REQUESTS = [
     ("greedy", {"n_predict": 40}),
     ("json", {"n_predict": 36, "json_schema": SCHEMA}),
@@ -39,26 +38,22 @@ def _prompt(i: int) -> str:
     return text[i * 9000:i * 9000 + 1800]  # about 1,700 tokens of the tiny model
 
 
-def _record(server: ServerProcess, offset: int, resp: dict) -> timings.RequestTiming:
-    slot, n = resp["id_slot"], resp["timings"]["predicted_n"]
-
-    def found(log: str) -> timings.RequestTiming | None:
-        recs = [r for r in timings.parse(log) if r.slot == slot and r.decode and r.decode.tokens == n and r.sparse_rechecked]
-        return recs[-1] if recs else None
-    return server.wait_log_until(found, offset=offset, what=f"the timing record of slot {slot} ({n} tokens)")
+def _rechecked(resp: dict) -> tuple[int, int]:
+    """(steps computed again densely, sparse steps) of one request, from its response's timings."""
+    rec = timings.from_response(resp)
+    assert rec.sparse_rechecked is not None, f"no sparse figures in the response's timings: {resp['timings']}"
+    return rec.sparse_rechecked
 
 
 def _alone(server: ServerProcess) -> dict[str, tuple[str, tuple[int, int]]]:
     out = {}
     for i, (name, params) in enumerate(REQUESTS):
-        offset = server.log_size()
         resp = server.complete(_prompt(i), **params)
-        out[name] = (resp["content"], _record(server, offset, resp).sparse_rechecked)
+        out[name] = (resp["content"], _rechecked(resp))
     return out
 
 
 def _under_load(server: ServerProcess) -> dict[str, tuple[str, tuple[int, int]]]:
-    offset = server.log_size()
     responses: dict[str, dict] = {}
 
     def send(i: int, name: str, params: dict) -> None:
@@ -70,14 +65,12 @@ def _under_load(server: ServerProcess) -> dict[str, tuple[str, tuple[int, int]]]
         t.start()
     for t in threads:
         t.join()
-    keys = [(r["id_slot"], r["timings"]["predicted_n"]) for r in responses.values()]
-    assert len(set(keys)) == len(keys), f"two requests share a slot and a length: {keys}"
-    return {name: (resp["content"], _record(server, offset, resp).sparse_rechecked) for name, resp in responses.items()}
+    return {name: (resp["content"], _rechecked(resp)) for name, resp in responses.items()}
 
 
 def test_each_request_under_mixed_load_is_computed_again_where_it_is_alone(start_server, tiny_qwen3: Path) -> None:
     cfg = ServerConfig(tiny_qwen3, ctx_size=4 * 2560, parallel=4, threads=2, cache_prompt=False,
-                       extra_args=["--sparse-attn", "on"])
+                       extra_args=["--sparse-attn", "on", "--sparse-attn-min-kv", "0"])
     server = start_server(cfg, "mixed")
     alone = _alone(server)
     load = _under_load(server)

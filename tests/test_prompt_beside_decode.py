@@ -3,8 +3,8 @@
 With a KV stream per slot llama splits a batch into micro-batches of equal tokens per sequence,
 so one slot's decode token and the first token of another slot's prompt used to make one
 micro-batch of one token each, which the sparse path took for a decode step: that prompt row was
-read sparsely under load where alone it is part of a dense prefill. The server's per-request
-count of visible block reads (decode rows only) shows it: under load the prompt's request counted
+read sparsely under load where alone it is part of a dense prefill. The response's count of
+visible block reads (decode rows only, in its `timings`) shows it: under load the prompt's request counted
 one row more than alone. Now a prompt and a decode step never share a micro-batch, and a row of a
 sequence with several tokens in its batch is never sparse. The count of visible blocks does not
 depend on arithmetic, only on which rows are read sparsely, so it must be equal exactly."""
@@ -25,14 +25,6 @@ from llama_sparse.server import ServerConfig, ServerProcess
 pytestmark = pytest.mark.slow
 
 N_PREDICT = 8
-
-
-def request_record(server: ServerProcess, offset: int, slot: int) -> timings.RequestTiming:
-    """The timing record of the one request on `slot` logged from byte `offset` on."""
-    def found(log: str) -> timings.RequestTiming | None:
-        recs = [r for r in timings.parse(log) if r.slot == slot and r.sparse_blocks_visible is not None]
-        return recs[0] if recs else None
-    return server.wait_log_until(found, offset=offset, what=f"the sparse line of slot {slot}")
 
 
 class DecodingRequest:
@@ -80,20 +72,18 @@ class DecodingRequest:
 def alone_and_beside_a_decoding_slot(server: ServerProcess, prompt: str | list[int], other_prompt: str):
     """The same request (slot 1) alone, then while slot 0 streams a long answer: both responses,
     both timing records, and how many of slot 0's tokens arrived during the second request."""
-    offset = server.log_size()
     alone = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False)
-    alone_rec = request_record(server, offset, slot=1)
+    alone_rec = timings.from_response(alone)
 
     other = DecodingRequest(server, other_prompt)
     other.thread.start()
     assert other.decoding.wait(timeout=300) and other.error is None, other.error
-    offset = server.log_size()
     other.mark()
     loaded = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False)
     overlap = other.tokens_after_mark
     other.stop.set()
     other.thread.join(timeout=120)
-    loaded_rec = request_record(server, offset, slot=1)
+    loaded_rec = timings.from_response(loaded)
     assert other.error is None, other.error
     assert overlap > 0, "the other slot did not decode while the prompt was served: no overlap to test"
     assert alone["tokens_predicted"] == loaded["tokens_predicted"] == N_PREDICT
@@ -102,7 +92,7 @@ def alone_and_beside_a_decoding_slot(server: ServerProcess, prompt: str | list[i
 
 def test_prompt_beside_a_decoding_slot_counts_the_visible_blocks_it_counts_alone(start_server, smollm2: Path) -> None:
     server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2, cache_prompt=False,
-                                       extra_args=["--no-kv-unified", "--sparse-attn", "on"]))
+                                       extra_args=["--no-kv-unified", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"]))
     text = reference_text()
     # about 1400 tokens: one batch, three micro-batches of prefill
     _, alone_rec, _, loaded_rec, overlap = alone_and_beside_a_decoding_slot(server, text[:6000], text[30000:31000])
@@ -121,7 +111,7 @@ def test_no_lone_prompt_token_in_a_batch(start_server, smollm2: Path) -> None:
     never leaves a prompt's lone token for a batch of its own, so both count the same rows."""
     server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2, cache_prompt=False,
                                        batch_size=64, ubatch_size=64,
-                                       extra_args=["--no-kv-unified", "--sparse-attn", "on"]))
+                                       extra_args=["--no-kv-unified", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"]))
     text = reference_text()
     tokens = server.tokenize(text[:8000])[:64*20 + 1]
     assert len(tokens) == 64*20 + 1
@@ -139,7 +129,7 @@ def test_prompt_beside_a_decoding_slot_in_a_unified_cache(start_server, smollm2:
     (In a unified cache the requests' cells interleave, so the visible-block count need not be
     the same as alone; this run checks that the split serves both.)"""
     server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2, cache_prompt=False,
-                                       extra_args=["--kv-unified", "--sparse-attn", "on"]))
+                                       extra_args=["--kv-unified", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"]))
     text = reference_text()
     alone, _, loaded, _, _ = alone_and_beside_a_decoding_slot(server, text[:6000], text[30000:31000])
     assert loaded["timings"]["prompt_n"] == alone["timings"]["prompt_n"]

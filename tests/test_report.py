@@ -185,11 +185,26 @@ def test_progress_plain_lines() -> None:
         progress.log("a [bracketed] message")
     lines = buf.getvalue().splitlines()
     assert lines[0].endswith("prefill 32K: 0/3")
-    assert lines[1].endswith("prefill 32K: 1/3") and lines[1].lstrip().startswith("[")
+    assert "prefill 32K: 1/3, about " in lines[1] and lines[1].endswith(" left") and lines[1].lstrip().startswith("[")
     assert "s]" in lines[1]                      # elapsed seconds
     assert lines[2].endswith("prefill 32K: 3/3")
     assert lines[3] == "a [bracketed] message"
     assert len(lines) == 4
+
+
+def test_progress_plain_time_left_is_the_rate_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr("llama_sparse.progress.time.monotonic", lambda: now[0])
+    buf = io.StringIO()
+    with Progress(stream=buf) as progress:
+        task = progress.task("needles", total=5)
+        now[0] += 30.0
+        task.advance()                           # 30 s for one: four more take about 120 s
+        now[0] += 30.0
+        task.advance(3)                          # 60 s for four: one more takes about 15 s
+    lines = buf.getvalue().splitlines()
+    assert lines[1].endswith("needles: 1/5, about 2 min left"), lines[1]
+    assert lines[2].endswith("needles: 4/5, about 15 s left"), lines[2]
 
 
 def test_progress_ci_forces_plain(monkeypatch: pytest.MonkeyPatch) -> None:

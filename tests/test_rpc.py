@@ -67,7 +67,7 @@ def logits(model: Path, tmp_path: Path, name: str, *flags: str) -> tuple[bytes, 
     return out.read_bytes(), proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("arm", [["--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-coverage", "0.25"],
+@pytest.mark.parametrize("arm", [["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound", "--sparse-attn-coverage", "0.25"],
                                  ["--sparse-attn", "off"]], ids=["sparse-0.25", "dense"])
 def test_rpc_run_equals_local_run(smollm2: Path, tmp_path: Path, rpc_server: str, arm: list[str]) -> None:
     local, _ = logits(smollm2, tmp_path, "local", *arm)
@@ -87,10 +87,10 @@ def _loopback_bytes() -> int:
 
 def test_the_selection_runs_on_a_server_of_this_build_and_stays_local_with_another(
         smollm2: Path, tmp_path: Path, rpc_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    arm = ["--sparse-attn", "on", "--rpc", rpc_server, "-ngl", "99"]
+    arm = ["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--rpc", rpc_server, "-ngl", "99"]
     # the key sketch is CPU-only: with the KV cache on the server, `on` alone ranks by the key
     # bounds at their own coverage, which a local run asks for by name
-    local, _ = logits(smollm2, tmp_path, "local", "--sparse-attn", "on", "--sparse-attn-score", "bound")
+    local, _ = logits(smollm2, tmp_path, "local", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound")
     b0 = _loopback_bytes()
     remote, log = logits(smollm2, tmp_path, "rpc", *arm)
     b1 = _loopback_bytes()

@@ -15,8 +15,8 @@ from llama_sparse.server import ServerConfig
 
 pytestmark = pytest.mark.slow
 
-SELECT_ALL = ["--sparse-attn", "on", "--sparse-attn-topk", "1048576"]
-TOP_K = ["--sparse-attn", "on", "--sparse-attn-coverage", "0.25", "--sparse-attn-recent", "32"]
+SELECT_ALL = ["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-topk", "1048576"]
+TOP_K = ["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-coverage", "0.25", "--sparse-attn-recent", "32"]
 
 
 def answers(resp: dict) -> tuple:
@@ -60,7 +60,7 @@ def test_restore_rebuilds_only_the_restored_slot(start_server, smollm2: Path, tm
     slots = tmp_path / "slots"
     slots.mkdir()
     server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2,
-                                       extra_args=["--kv-unified", "--slot-save-path", f"{slots}/", "--sparse-attn", "on",
+                                       extra_args=["--kv-unified", "--slot-save-path", f"{slots}/", "--sparse-attn", "on", "--sparse-attn-min-kv", "0",
                                                    "-v"]))  # -v: llama's own lines are below the default verbosity
     block = int(server.wait_log_until(lambda log: (m := re.search(r"key bounds.*\(block (\d+),", log)) and m.group(1),
                                       what="the key bounds' block size"))

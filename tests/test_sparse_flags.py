@@ -41,7 +41,7 @@ BAD = [
     ("--sparse-attn-min-kv", "-1", "an integer in [0, 16777216]"),
 ]
 BAD_VALUES = refusals(BAD) + [
-    (["--sparse-attn", "on", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
+    (["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
     (["--sparse-attn", "auto", "--sparse-attn-method", "scsa"],
      "sparse_attn (--sparse-attn) auto applies to the block method; SCSA runs on"),
 ]
@@ -63,7 +63,7 @@ def test_bad_environment_value_refused(env: dict[str, str], message: str, tiny_q
 
 def test_llama_bench_runs_sparse(tiny_qwen3) -> None:
     proc = subprocess.run([str(binary("llama-bench")), "-m", str(tiny_qwen3), "-p", "0", "-n", "16", "-d", "1024",
-                           "-r", "1", "-t", "2", "--sparse-attn", "on", "--sparse-attn-coverage", "0.25"],
+                           "-r", "1", "-t", "2", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-coverage", "0.25"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25," in proc.stderr
@@ -78,7 +78,7 @@ _BENCH_COUNTS = re.compile(r"llama-bench: block-sparse, timed runs: decode read 
 def test_llama_bench_reports_the_blocks_read_and_the_steps_computed_again(recheck: str, tiny_qwen3) -> None:
     """llama-bench decodes random tokens, on which the recheck computes again most steps: it says so."""
     proc = subprocess.run([str(binary("llama-bench")), "-m", str(tiny_qwen3), "-p", "0", "-n", "8", "-d", "1024",
-                           "-r", "2", "-t", "2", "--sparse-attn", "on", "--sparse-attn-recheck", recheck],
+                           "-r", "2", "-t", "2", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-recheck", recheck],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = _BENCH_COUNTS.findall(proc.stderr)
@@ -131,7 +131,7 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
 
 def test_llama_bench_default_coverage_is_the_servers(tiny_qwen3) -> None:
     proc = subprocess.run([str(binary("llama-bench")), "-m", str(tiny_qwen3), "-p", "0", "-n", "4", "-d", "256",
-                           "-r", "1", "-t", "2", "--sparse-attn", "on"],
+                           "-r", "1", "-t", "2", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ("block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25 with the key sketch, "
@@ -171,7 +171,7 @@ def tiny_mamba(tmp_path_factory) -> "Path":
 
 
 def test_model_the_method_cannot_serve_is_refused_naming_the_limit(tiny_mamba) -> None:
-    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_mamba), "--sparse-attn", "on", "--port", "1"],
+    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_mamba), "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--port", "1"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert ("block-sparse attention cannot serve this model: its memory is not a plain attention KV cache "
@@ -199,7 +199,7 @@ def test_no_fallback_warning_where_the_backend_runs_the_sizes(tiny_qwen3, start_
     from llama_sparse.server import ServerConfig
 
     server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=131072, cache_type_k=cache_type,
-                                       cache_type_v=cache_type, extra_args=["--sparse-attn", "on", "-lv", "4"]))
+                                       cache_type_v=cache_type, extra_args=["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "-lv", "4"]))
     assert server.complete("hello world", n_predict=4)["tokens_predicted"] == 4
     log = server.wait_log("decode read")
     assert "sparse-attention key bounds" in log and "4096 blocks" in log   # the check ran at this size
@@ -212,7 +212,7 @@ def _ledger_run(tiny_qwen3, tmp_path, *flags: str) -> str:
     prompt.write_text(" ".join(f"Entry {i} of the ledger records {i * 37 % 101} crates of {('tea', 'salt', 'iron')[i % 3]}."
                                for i in range(90)))
     proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "4096",
-                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-score", "sketch", *flags,
+                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "sketch", *flags,
                            "--dump-steps", "8", "--dump-out", str(tmp_path / "o.bin")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -281,13 +281,13 @@ def test_tolerance_with_the_key_bounds_is_reported_not_ignored(tiny_qwen3, tmp_p
     prompt = tmp_path / "p.txt"
     prompt.write_text("The grass is green. " * 60)
     proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "1024",
-                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-score", "bound", "--sparse-attn-tolerance", "0.03",
+                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound", "--sparse-attn-tolerance", "0.03",
                            "--dump-steps", "2", "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--sparse-attn-tolerance) 0.03 applies to the key sketch; the key bounds read the whole coverage" in proc.stderr
     # the default tolerance is the score's own: with the bounds, 0, and nothing to report
     proc = subprocess.run([str(binary("llama-sparse-logits")), "-m", str(tiny_qwen3), "-f", str(prompt), "-c", "1024",
-                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-score", "bound", "-lv", "4",
+                           "-fa", "on", "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound", "-lv", "4",
                            "--dump-steps", "2", "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "applies to the key sketch" not in proc.stderr
@@ -296,10 +296,10 @@ def test_tolerance_with_the_key_bounds_is_reported_not_ignored(tiny_qwen3, tmp_p
 
 @pytest.mark.parametrize("sparse, parallel, slots, unified", [
     ([], -1, 4, True),                                   # upstream's automatic slots: 4, one unified cache
-    (["--sparse-attn", "on"], -1, 1, False),             # the block method: one slot with the whole context
+    (["--sparse-attn", "on", "--sparse-attn-min-kv", "0"], -1, 1, False),             # the block method: one slot with the whole context
     (["--sparse-attn", "auto"], -1, 1, False),
-    (["--sparse-attn", "on"], 2, 2, False),              # asked for: a KV stream per slot
-    (["--sparse-attn", "on", "--kv-unified"], 2, 2, True),  # asked for, warned about
+    (["--sparse-attn", "on", "--sparse-attn-min-kv", "0"], 2, 2, False),              # asked for: a KV stream per slot
+    (["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--kv-unified"], 2, 2, True),  # asked for, warned about
 ])
 def test_slot_layout_with_sparse_attention(tiny_qwen3, start_server, sparse: list[str], parallel: int, slots: int,
                                            unified: bool) -> None:
@@ -316,3 +316,28 @@ def test_slot_layout_with_sparse_attention(tiny_qwen3, start_server, sparse: lis
     assert ("sparse attention: one slot with the whole context" in log) == (sparse != [] and parallel == -1)
     assert ("sparse attention with --kv-unified and 2 slots" in log) == ("--kv-unified" in sparse)
     assert server.complete("hello world", n_predict=4)["tokens_predicted"] == 4
+
+
+def test_on_decodes_dense_below_its_minimum_and_sparse_from_it(start_server, tiny_qwen3) -> None:
+    """`--sparse-attn on`, the switch users type, keeps the block method dense while the visible KV
+    is shorter than --sparse-attn-min-kv (4096 rows): short prompts gain little from it and can
+    lose an answer to it. From the minimum on it reads sparsely; --sparse-attn-min-kv 0 reads
+    sparsely at every length. Each response's timings say which it was."""
+    from llama_sparse.gates.texts import reference_text
+    from llama_sparse.server import ServerConfig
+
+    text = reference_text()
+    short, long_ = text[:1800], text[:5000]          # about 1,700 and 4,700 tokens of the tiny model
+    on = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
+                                   extra_args=["--sparse-attn", "on", "-lv", "4"]))
+    assert "dense while the visible KV is shorter than 4096 rows" in on.wait_log("dense while the visible KV")
+    below = on.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
+    assert below["steps_sparse"] == 0 and below["blocks_visible"] == 0, below
+    above = on.complete(long_, n_predict=8, ignore_eos=True)["timings"]["sparse"]
+    assert above["steps_sparse"] == 7 and above["blocks_visible"] > 0, above
+
+    everywhere = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
+                                           extra_args=["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "-lv", "4"]))
+    short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
+    assert short_sparse["steps_sparse"] == 7 and short_sparse["blocks_visible"] > 0, short_sparse
+    assert "dense while the visible KV" not in everywhere.read_log()

@@ -40,6 +40,8 @@ CASES = [
     ("niah", {"min_score": 1.0}, {"niah": 1.0}, {"niah": 23 / 24}),
     ("niah", {"max_lost": 0}, {"lost_vs_reference": 0.0}, {"lost_vs_reference": 1.0}),
     ("niah", {}, {"lost_under_load": 0.0}, {"lost_under_load": 1.0}),       # a rule of the kind
+    ("niah", {}, {"rechecks_changed_under_load": 0.0}, {"rechecks_changed_under_load": 1.0}),
+    ("niah", {}, {"changed_beyond_reference": 0.0}, {"changed_beyond_reference": 1.0}),
     ("ab", {"min_ratio": 1.5}, {"ratio_median": 1.5}, {"ratio_median": 1.49}),
     ("ab", {"min_bound_share": 0.8}, {"bound_share": 0.8}, {"bound_share": 0.79}),
     ("load", {}, {"http_5xx": 0.0, "parse_errors": 0.0}, {"http_5xx": 1.0}),

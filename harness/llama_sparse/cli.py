@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -187,11 +188,12 @@ def _cmd_python_check(args: argparse.Namespace) -> int:
     return 0 if result.identical_rows == result.compared_rows else 1
 
 
-def _report_exit(ctx) -> int:
+def _report_exit(ctx, table: str | None = None) -> int:
+    """Print the report's table (or `table`), its files and the verdict; the exit status."""
     from llama_sparse.gates import report as reports
 
     paths = ctx.save()
-    print(reports.markdown_table(ctx.report))
+    print(table if table is not None else reports.markdown_table(ctx.report))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     verdict = ctx.report.verdict()
@@ -224,9 +226,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from llama_sparse import demo
 
     project = Project.find()
-    ctx = demo.run(Path(args.out or project.root / "results"), model=args.model, samples=args.samples,
-                   repeats=args.repeats)
-    return _report_exit(ctx)
+    plan = demo.FULL if args.full else demo.QUICK
+    if args.samples is not None:
+        plan = dataclasses.replace(plan, samples=args.samples)
+    run = demo.run(Path(args.out or project.root / "results"), model=args.model, plan=plan)
+    return _report_exit(run.ctx, table=run.summary())
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -276,10 +280,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="draw an earlier run's report.md and plot.png again from its report.json")
     p.set_defaults(func=_cmd_gate)
 
-    p = sub.add_parser("demo", help="the main job: niah and decode A/B on SmolLM2 at 4K and 8K")
+    p = sub.add_parser("demo", help="the main job: needles in prose and decode A/B against dense on SmolLM2 at 8K")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--samples", type=int, default=4, help="needles per context length")
-    p.add_argument("--repeats", type=int, default=5, help="A/B repeats (at least 5)")
+    p.add_argument("--full", action="store_true",
+                   help="the longer look: needles at 4K and 8K on prose and the repeat haystack, 8 each, speed at both")
+    p.add_argument("--samples", type=int, help="needles per task and context (default: 4, or 8 with --full)")
     p.add_argument("--out", help="results folder (default: results/)")
     p.set_defaults(func=_cmd_demo)
 

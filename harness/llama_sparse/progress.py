@@ -59,6 +59,10 @@ class TaskHandle:
         self._owner._updated(self)
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -105,7 +109,11 @@ class Progress:
 
     def _plain_status(self, task: TaskHandle) -> str:
         count = _num(task.completed) + (f"/{_num(task.total)}" if task.total is not None else "")
-        return f"[{task.elapsed:7.1f}s] {task.description}: {count}"
+        left = ""
+        if task.total is not None and 0 < task.completed < task.total:
+            # the rate so far: what rich's bar shows as time remaining on a terminal
+            left = f", about {_duration(task.elapsed / task.completed * (task.total - task.completed))} left"
+        return f"[{task.elapsed:7.1f}s] {task.description}: {count}{left}"
 
     def task(self, description: str, total: float | None = None) -> TaskHandle:
         """A new line of progress; total None when the amount of work is not known."""

@@ -214,6 +214,19 @@ class ServerProcess:
             raise ServerError(f"{method} {path} -> HTTP {r.status_code}: {r.text[:500]}")
         return r.json()
 
+    def metrics(self) -> dict[str, float]:
+        """The /metrics scrape of a server started with --metrics: {series: value}, the comment
+        lines dropped (a labelled series keeps its labels in its name)."""
+        self._raise_if_dead("before GET /metrics")
+        try:
+            r = self._session.get(f"{self.url}/metrics", timeout=60)
+        except requests.RequestException as e:
+            raise ServerError(f"GET /metrics failed: {e}\n" + self.log_tail()) from e
+        if r.status_code >= 400:
+            raise ServerError(f"GET /metrics -> HTTP {r.status_code}: {r.text[:500]} (started without --metrics?)")
+        series = (line.rsplit(" ", 1) for line in r.text.splitlines() if line and not line.startswith("#"))
+        return {name: float(value) for name, value in series}
+
     def post_raw(self, path: str, body: dict[str, Any], timeout: float = 3600) -> tuple[int, str]:
         """POST without judging the answer: (HTTP status, body text), for load tests that count
         errors. Thread-safe (a session per call). A refused or dropped connection raises
@@ -243,9 +256,6 @@ class ServerProcess:
 
     def complete_timed(self, prompt: str | list[int], n_predict: int = 32,
                        **params: Any) -> tuple[dict[str, Any], timings.RequestTiming]:
-        """A completion and its timing block from the server log (single request at a time)."""
-        offset = self.log_size()
+        """A completion and its timings, read from the response."""
         result = self.complete(prompt, n_predict, **params)
-        timing = self.wait_log_until(lambda log: (timings.parse(log) or [None])[-1], offset,
-                                     what="the last request's timing lines")
-        return result, timing
+        return result, timings.from_response(result)

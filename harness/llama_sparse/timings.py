@@ -1,7 +1,9 @@
-"""Parse llama-server's per-request timing lines out of its log.
+"""A request's timings: from its /completion response, or from llama-server's log.
 
-The log, not the HTTP response, is where decode speed is read (the seed's fork saw response
-bodies corrupted under load). A request's block looks like (from a real run, see tests/data/):
+The response's `timings` object is what gates read; with sparse attention it carries a `sparse`
+object (the block method's read fraction and steps computed again, SCSA's rows read and its
+calibration). The log's per-request block is kept for people and for log-only tools (from a real
+run, see tests/data/):
 
     0.15.657.752 I slot print_timing: id  0 | task 0 | prompt eval time =    8448.04 ms /  1024 tokens (    8.25 ms per token,   121.21 tokens per second)
     0.15.657.758 I slot print_timing: id  0 | task 0 |        eval time =    3643.52 ms /    32 tokens (  117.53 ms per token,     8.51 tokens per second)
@@ -14,6 +16,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?|nan|inf)"
 _SLOT = re.compile(r"print_timing: id\s+(\d+) \| task (\d+)")
@@ -44,6 +47,29 @@ class RequestTiming:
     sparse_read_fraction: float | None = None   # block-sparse: KV blocks read / visible, decode steps
     sparse_blocks_visible: int | None = None    # block-sparse: visible block reads of the decode rows
     sparse_rechecked: tuple[int, int] | None = None  # block-sparse: (steps computed again densely, sparse steps)
+
+
+def from_response(resp: dict[str, Any]) -> RequestTiming:
+    """The timings of one /completion response. The block method's figures are None where its
+    decode read nothing sparsely (below --sparse-attn-min-kv), as the log then prints no line."""
+    t = resp["timings"]
+    prompt = EvalTiming(tokens=int(t["prompt_n"]), ms=float(t["prompt_ms"]),
+                        ms_per_token=float(t["prompt_per_token_ms"]), tokens_per_second=float(t["prompt_per_second"]))
+    decode = EvalTiming(tokens=int(t["predicted_n"]), ms=float(t["predicted_ms"]),
+                        ms_per_token=float(t["predicted_per_token_ms"]), tokens_per_second=float(t["predicted_per_second"]))
+    rec = RequestTiming(slot=resp.get("id_slot"), task=None, prompt=prompt, decode=decode, total_ms=prompt.ms + decode.ms)
+    sp = t.get("sparse")
+    if not sp:
+        return rec
+    if sp["method"] == "scsa":
+        if sp["rows_visible"] > 0:
+            rec = dataclasses.replace(rec, sparse_read_fraction=sp["rows_read"] / sp["rows_visible"])
+        return rec
+    if sp["blocks_visible"] > 0:
+        rec = dataclasses.replace(rec, sparse_read_fraction=sp["blocks_read"] / sp["blocks_visible"],
+                                  sparse_blocks_visible=int(sp["blocks_visible"]),
+                                  sparse_rechecked=(int(sp["steps_rechecked"]), int(sp["steps_sparse"])))
+    return rec
 
 
 def parse(text: str) -> list[RequestTiming]:

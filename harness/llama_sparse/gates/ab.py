@@ -64,31 +64,12 @@ def warmup_tokens(arm: Arm) -> int:
     return 1 + scsa_calibration_steps(arm)
 
 
-READ_LINE_WAIT_S = 2.0   # how long a sparse arm's read line may trail its timing lines
-
-
-def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict: int,
-                 read_line: bool = False) -> dict:
-    """B concurrent greedy requests; the decode figures of this round from the server log.
-    `read_line`: a sparse arm, whose server logs the share it read after each request's timings."""
-    offset = server.log_size()
+def decode_round(server: ServerProcess, prompt: list[int], batch: int, n_predict: int) -> dict:
+    """B concurrent greedy requests; the decode figures of this round from their responses
+    (a sparse arm's read fraction and steps computed again from each response's `timings`)."""
     with ThreadPoolExecutor(batch) as pool:
         futures = [pool.submit(server.complete, prompt, n_predict, ignore_eos=True) for _ in range(batch)]
-        for f in futures:
-            f.result()
-
-    def decoded(log: str) -> list | None:
-        recs = [r for r in timings.parse(log) if r.decode]
-        return recs if len(recs) >= batch else None
-
-    def decoded_and_read(log: str) -> list | None:
-        recs = decoded(log)
-        return recs if recs and all(r.sparse_read_fraction is not None for r in recs) else None
-
-    recs = server.wait_log_until(decoded, offset, what=f"the timing lines of {batch} request(s)")
-    if read_line:
-        # below its minimum context a sparse arm reads densely and logs no read line: not required
-        recs = server.wait_log_until(decoded_and_read, offset, timeout=READ_LINE_WAIT_S, required=False) or recs
+        recs = [timings.from_response(f.result()) for f in futures]
     fractions = [r.sparse_read_fraction for r in recs if r.sparse_read_fraction is not None]
     rechecked = [r.sparse_rechecked for r in recs if r.sparse_rechecked is not None]
     tokens = sum(r.decode.tokens for r in recs)
@@ -121,7 +102,7 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
                 if prompt is None:
                     prompt = prompt_tokens(server, n_ctx - n_predict - 1, spec.prompt_text)
-                decode_round(server, prompt, batch, warmup_tokens(arm), arm.sparse)  # prefill once; later rounds reuse it
+                decode_round(server, prompt, batch, warmup_tokens(arm))  # prefill once; later rounds reuse it
                 servers[arm.name] = server
             except ArmError as e:
                 results[arm.name].fail(str(e))
@@ -132,7 +113,7 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
                 if arm.name not in servers:
                     continue
                 try:
-                    rounds[arm.name].append(decode_round(servers[arm.name], prompt, batch, n_predict, arm.sparse))
+                    rounds[arm.name].append(decode_round(servers[arm.name], prompt, batch, n_predict))
                 except ArmError as e:
                     results[arm.name].fail(str(e))
                     servers.pop(arm.name).stop()

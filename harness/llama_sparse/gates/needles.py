@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict
 
+from llama_sparse import timings
 from llama_sparse.errors import ArmError
 from llama_sparse.gates import niah
 from llama_sparse.gates.context import GateContext
@@ -101,39 +102,58 @@ def sample_record(s: niah.NiahSample, output: str, prompt_evaluated: int | None 
     return rec
 
 
-CALIBRATION_LOG_WAIT_S = 10.0
-
-
 def calibrate(server: ServerProcess, arm: Arm, calibration: list[niah.NiahSample], n_predict: int) -> list[dict]:
     """Answer the calibration samples, unscored, each for at least n_predict tokens (the end of
     text ignored) and for an SCSA arm that calibrates at least its whole window. Their records
-    are kept for the report. Raises ArmError when SCSA's taus are still not frozen after them:
-    scored answers would then start exact and flatter the arm. An arm that does not calibrate
-    (dense, the block path, SCSA with loaded taus) answers none: no state of its server depends
-    on an earlier answer, and at 7K a calibration question costs each such arm a prefill."""
+    are kept for the report. Raises ArmError when SCSA's taus are still not frozen after them
+    (the last response's `timings.sparse` says): scored answers would then start exact and
+    flatter the arm. A context too short for SCSA to seal a region has nothing to calibrate on:
+    it reads every row exactly, and goes on doing so for the scored answers, which is what a user
+    gets there; the last record says so. An arm that does not calibrate (dense, the block path,
+    SCSA with loaded taus) answers none: no state of its server depends on an earlier answer, and
+    at 7K a calibration question costs each such arm a prefill."""
     steps = scsa_calibration_steps(arm)
-    if not steps:
+    if not steps or not calibration:
         return []
-    offset = server.log_size()
-    records = []
+    records, sparse = [], {}
     for s in calibration:
-        out = server.complete(s.prompt, n_predict=max(n_predict, steps + 1), ignore_eos=True).get("content", "")
-        records.append(sample_record(s, out))
-    if steps and calibration:
-        # the server logs a request's SCSA line after it has sent the answer (a 4K gate once read
-        # the log first and called a calibrated arm uncalibrated)
-        frozen = server.wait_log_until(lambda log: True if ", taus frozen" in log else None, offset,
-                                       timeout=CALIBRATION_LOG_WAIT_S, required=False)
-        if not frozen:
-            raise ArmError(f"arm {arm.name}: SCSA's taus are not frozen after the {len(calibration)} calibration "
-                            f"sample(s) ({steps} calibration steps expected); the scored answers would start "
-                            "exact\n" + server.log_tail())
-    return records
+        resp = server.complete(s.prompt, n_predict=max(n_predict, steps + 1), ignore_eos=True)
+        records.append(sample_record(s, resp.get("content", "")))
+        sparse = resp.get("timings", {}).get("sparse") or {}
+    if sparse.get("calibrated"):
+        return records
+    if sparse.get("calibration_steps") == 0 and sparse.get("rows_read") == sparse.get("rows_visible"):
+        records[-1]["scsa"] = "nothing sealed to calibrate on at this length: every row read exactly"
+        return records
+    raise ArmError(f"arm {arm.name}: SCSA's taus are not frozen after the {len(calibration)} calibration "
+                   f"sample(s) ({steps} calibration steps expected; the last response's sparse figures: {sparse}); "
+                   "the scored answers would start exact\n" + server.log_tail())
 
 
 def constrained(ctx: GateContext) -> dict:
     """The request's json_schema where the gate gives one (a grammar the sampler applies)."""
     return {"json_schema": ctx.spec.json_schema} if ctx.spec.json_schema is not None else {}
+
+
+# The requests a gate's `mix` sends, one per sample in turn: greedy; greedy constrained by the
+# gate's json_schema; sampled (temperature 0.7, a seed per sample, the same alone and under
+# load); sampled on the backend (llama-server's backend_sampling: the recheck never takes such a
+# step back). The first two are deterministic: under load each must answer as it does alone and
+# be computed again on the steps it is alone.
+REQUEST_KINDS = ("greedy", "json", "sampled", "backend")
+DETERMINISTIC = ("greedy", "json")
+SAMPLING = {"temperature": 0.7, "top_k": 40}
+
+
+def request_of(ctx: GateContext, s: niah.NiahSample) -> tuple[str, dict]:
+    """The request sample `s` sends: its kind and parameters (without a mix: greedy, constrained
+    where the gate gives a json_schema)."""
+    if not ctx.spec.mix:
+        return "greedy", constrained(ctx)
+    kind = ctx.spec.mix[s.index % len(ctx.spec.mix)]
+    seed = {"seed": ctx.spec.seed + s.index}
+    return kind, {"greedy": {}, "json": constrained(ctx), "sampled": {**SAMPLING, **seed},
+                  "backend": {**SAMPLING, **seed, "backend_sampling": True}}[kind]
 
 
 def staggered_n_predict(n_predict: int, index: int) -> int:
@@ -162,9 +182,19 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
             def one(s: niah.NiahSample, delay: float = 0.0) -> dict:
                 time.sleep(delay)
                 n = staggered_n_predict(n_predict, s.index) if stagger else n_predict
-                resp = server.complete(s.prompt, n_predict=n, n_probs=N_PROBS, **constrained(ctx))
+                kind, params = request_of(ctx, s)
+                # the runner-up probabilities need the logits on the host: llama-server then samples
+                # a backend_sampling request on the CPU, so that request goes without them
+                probs = {} if params.get("backend_sampling") else {"n_probs": N_PROBS}
+                resp = server.complete(s.prompt, n_predict=n, **probs, **params)
                 task.advance()
-                return sample_record(s, resp.get("content", ""), margin=decisive_margin(resp, s.values))
+                rec = sample_record(s, resp.get("content", ""), margin=decisive_margin(resp, s.values))
+                if ctx.spec.mix:
+                    # the response's own figures: steps computed again densely, of the sparse ones
+                    rechecked = timings.from_response(resp).sparse_rechecked
+                    rec.update(request=kind, decoded=int(resp["timings"]["predicted_n"]),
+                               rechecked=list(rechecked) if rechecked else None)
+                return rec
 
             if batch == 1:
                 for s in samples:
@@ -281,6 +311,23 @@ def count_against_reference(reference: ArmResult, result: ArmResult) -> None:
     result.metrics["gained_vs_reference"] = float(len(gained))
 
 
+def mixed_load_metrics(alone: ArmResult, loaded: ArmResult, reference: ArmResult | None) -> None:
+    """A mix under load against the same requests alone: the deterministic answers that changed;
+    of those that did not (the same text in as many tokens), the ones computed again on other
+    steps; and how many more answers changed than in the reference arm under the same load.
+    Upstream's CPU kernels are not batch-invariant (a prompt is cut into other micro-batches under
+    load, dense's answers move too), so an answer of other tokens may be computed again elsewhere;
+    one that is the same must be computed again where it is alone, or another slot's doubt reached it."""
+    pairs = [(a, b) for a, b in zip(alone.samples, loaded.samples) if a.get("request") in DETERMINISTIC]
+    same = [(a, b) for a, b in pairs if a["output"] == b["output"] and a.get("decoded") == b.get("decoded")]
+    loaded.metrics["deterministic_requests"] = float(len(pairs))
+    loaded.metrics["deterministic_changed_under_load"] = float(len(pairs) - len(same))
+    loaded.metrics["rechecks_changed_under_load"] = float(sum(a.get("rechecked") != b.get("rechecked") for a, b in same))
+    if reference is not None and reference is not loaded:
+        loaded.metrics["changed_beyond_reference"] = (loaded.metrics["deterministic_changed_under_load"]
+                                                      - reference.metrics["deterministic_changed_under_load"])
+
+
 def run(ctx: GateContext) -> None:
     spec = ctx.spec
     n_predict = spec.n_predict
@@ -295,6 +342,7 @@ def run(ctx: GateContext) -> None:
                 reference: ArmResult | None = None
                 shared = iter(answer_shared(ctx, list(ctx.arms), model, n_ctx, cache, n_predict, samples,
                                             calibration) if spec.shared_prefill else ())
+                reference_load: dict[int, ArmResult] = {}
                 for arm in ctx.arms:
                     alone: ArmResult | None = None
                     for batch in spec.batch:
@@ -309,12 +357,19 @@ def run(ctx: GateContext) -> None:
                                     count_against_reference(reference, r)
                             elif alone is not None:
                                 # the bar under load: every needle found alone is found again
-                                found_alone = {x["index"] for x in alone.samples if x["score"] == 1.0}
+                                # (with a mix, of the deterministic requests: a sampled draw near a
+                                # boundary can follow a batch's last bits, dense's too)
+                                found_alone = {x["index"] for x in alone.samples if x["score"] == 1.0
+                                               and (not spec.mix or x.get("request") in DETERMINISTIC)}
                                 lost = sorted(x["index"] for x in r.samples
                                               if x["index"] in found_alone and x["score"] < 1.0)
                                 same = sum(a["output"] == b["output"] for a, b in zip(alone.samples, r.samples))
                                 r.metrics["lost_under_load"] = float(len(lost))
                                 r.metrics["same_answer_share"] = same / len(r.samples)
+                                if spec.mix:
+                                    mixed_load_metrics(alone, r, reference_load.get(batch))
+                                    if arm.name == spec.reference.name:
+                                        reference_load[batch] = r
                             found = sum(1 for x in r.samples if x["score"] == 1.0)
                             ctx.progress.log(f"  {arm.name} {model} @{n_ctx} {cache} B{batch}: niah "
                                              f"{r.metrics['niah']:.1%} ({found}/{len(r.samples)} found)")
@@ -324,7 +379,7 @@ def run(ctx: GateContext) -> None:
                             ctx.record(r)
 
 
-NIAH_KEYS = ("tasks", "batch", "calibration_samples", "shared_prefill", "only_samples", "stagger", "json_schema")
+NIAH_KEYS = ("tasks", "batch", "calibration_samples", "shared_prefill", "only_samples", "stagger", "json_schema", "mix")
 NIAH_THRESHOLDS = {
     "min_score": Threshold("fraction of needles found, per arm and context", "niah", "min", 0, 1),
     "max_lost": Threshold("needles the reference arm found that another arm did not (alone, same "
@@ -332,5 +387,13 @@ NIAH_THRESHOLDS = {
     # the bar under load, not a setting: every needle found alone is found again
     "max_lost_under_load": Threshold("needles an arm found alone and lost under load (batch > 1)",
                                      "lost_under_load", "max", 0, integer=True, default=0, settable=False),
+    # a mix under load, rules of the kind: a request that answers as alone is computed again where
+    # it is alone, and requests answer as alone as often as the reference arm's do
+    "max_rechecks_changed_under_load": Threshold(
+        "deterministic requests (greedy, JSON schema) answering as alone but computed again on other steps",
+        "rechecks_changed_under_load", "max", 0, integer=True, default=0, settable=False),
+    "max_changed_beyond_reference": Threshold(
+        "deterministic answers changed under load, beyond the reference arm's count",
+        "changed_beyond_reference", "max", 0, integer=True, default=0, settable=False),
 }
 KIND = Kind("niah", run, keys=NIAH_KEYS, thresholds=NIAH_THRESHOLDS, n_predict=128)

@@ -384,6 +384,7 @@ def markdown_table(report: GateReport) -> str:
             out += ["", f"### {r.arm} / {r.model} / {tokens_label(r.context)} / {r.cache_type} / B={r.batch}",
                     "", "```", r.error.rstrip().replace("```", "`\u200b``"), "```"]
     out += _needle_table(report)
+    out += _mix_table(report)
     if kind is not None and kind.markdown is not None:
         out += kind.markdown(report)
     calibrated = [r for r in report.results if r.calibration]
@@ -418,10 +419,9 @@ def compare_needles(reference: list[dict], other: list[dict]) -> tuple[list[str]
 
 
 def _needle_table(report: GateReport) -> list[str]:
-    """niah: every needle of each (model, context, cache) by arm, alone (B=1): `found`, or the
-    start of the wrong answer; a needle the first arm found and another lost is marked LOST."""
-    if report.spec.kind not in ("niah", "frontier"):
-        return []
+    """Every needle of each (model, context, cache) by arm, alone (B=1): `found`, or the start
+    of the wrong answer; a needle the first arm found and another lost is marked LOST (niah and
+    frontier gates, the demo: any result whose samples are needles)."""
     groups: dict[tuple, list[ArmResult]] = {}
     for r in report.results:
         if r.error is None and r.batch == 1 and r.samples and "task" in r.samples[0]:
@@ -463,6 +463,52 @@ def _needle_table(report: GateReport) -> list[str]:
                     f"tokens that spell the answer's value. Needles {ref.arm} finds by less than {THIN_MARGIN_NATS} nats "
                     "(\"thin\": a cache type or a SIMD width can flip them in a dense run as well): "
                     + (", ".join(thin) if thin else "none") + "."]
+    return out
+
+
+def _mix_table(report: GateReport) -> list[str]:
+    """niah with a mix: each request alone and under load, by arm: found or missed, the same
+    answer or another under load, and its steps computed again of its sparse steps (from the
+    responses' timings)."""
+    if not getattr(report.spec, "mix", ()):
+        return []
+    runs: dict[tuple, dict[int, ArmResult]] = {}
+    for r in report.results:
+        if r.error is None and r.samples and "request" in r.samples[0]:
+            runs.setdefault((r.model, r.context, r.cache_type, r.arm), {})[r.batch] = r
+    out: list[str] = []
+    arms = list(dict.fromkeys(k[3] for k in runs))
+    for model, context, cache in dict.fromkeys(k[:3] for k in runs):
+        pairs = []
+        for arm in arms:
+            by_batch = runs.get((model, context, cache, arm), {})
+            loaded = [b for b in sorted(by_batch) if b > 1]
+            if 1 in by_batch and loaded:
+                pairs.append((arm, by_batch[1], by_batch[loaded[0]]))
+        if not pairs:
+            continue
+        b = pairs[0][2].batch
+        out += ["", f"## Under load, request by request: {model}, {tokens_label(context)}, {cache} (B={b} against alone)", "",
+                "| needle | request | " + " | ".join(f"{arm} alone | {arm} B={b}" for arm, _, _ in pairs) + " |",
+                "|---|---|" + "---|---|" * len(pairs)]
+
+        def steps(x: dict) -> str:
+            return f", {x['rechecked'][0]} of {x['rechecked'][1]} again" if x.get("rechecked") else ""
+        for i, first in enumerate(pairs[0][1].samples):
+            cells = []
+            for _, alone, loaded in pairs:
+                a = alone.samples[i] if i < len(alone.samples) else None
+                x = loaded.samples[i] if i < len(loaded.samples) else None
+                if a is None or x is None:
+                    cells += ["-", "-"]
+                    continue
+                cells.append(("found" if a["score"] == 1.0 else "missed") + steps(a))
+                cells.append(("same" if x["output"] == a["output"] else "CHANGED") + steps(x))
+            out.append(f"| {needle_id(first)} | {first['request']} | " + " | ".join(_cell(c) for c in cells) + " |")
+        out += ["", "\"N of M again\": of the request's M decode steps read sparsely, N computed again densely "
+                "(--sparse-attn-recheck), as its response's `timings.sparse` says. A greedy or JSON request that answers "
+                "as alone (the same text in as many tokens) must be computed again where it is alone, and no arm may "
+                "change more of their answers than the first; sampled ones are shown, not judged."]
     return out
 
 

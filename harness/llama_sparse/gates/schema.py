@@ -102,7 +102,10 @@ class GateSpec:
     only_samples: tuple[int, ...] = ()          # niah only: answer just these sample indices (of
                                                 # `samples`, each the same prompt as in the full run)
     json_schema: dict[str, Any] | None = None   # niah only: every scored answer constrained to it
-                                                # (llama-server's json_schema: a grammar)
+                                                # (llama-server's json_schema: a grammar); with a
+                                                # mix, the "json" requests only
+    mix: tuple[str, ...] = ()                   # niah only: the request each sample sends, by its
+                                                # index in turn (needles.REQUEST_KINDS)
     seed: int = 42
     threads: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -129,7 +132,7 @@ class GateSpec:
             "batch": list(self.batch), "clients": self.clients, "requests": self.requests,
             "time_limit": self.time_limit, "skip_steps": self.skip_steps,
             "calibration_samples": self.calibration_samples, "shared_prefill": self.shared_prefill,
-            "only_samples": list(self.only_samples), "json_schema": self.json_schema, "stagger": self.stagger, "speed_context": self.speed_context, "prompt_text": self.prompt_text, "seed": self.seed, "threads": self.threads,
+            "only_samples": list(self.only_samples), "json_schema": self.json_schema, "mix": list(self.mix), "stagger": self.stagger, "speed_context": self.speed_context, "prompt_text": self.prompt_text, "seed": self.seed, "threads": self.threads,
             "thresholds": dict(self.thresholds),
         }
 

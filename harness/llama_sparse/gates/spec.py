@@ -39,6 +39,7 @@ from typing import Any
 from llama_sparse.gates import niah
 from llama_sparse.gates.flags import RESERVED_FLAGS, flag_value, resolve_file_flags, uses_sparse_flags
 from llama_sparse.gates.kinds import KINDS
+from llama_sparse.gates.needles import REQUEST_KINDS
 from llama_sparse.gates.schema import Arm, GateSpec, Threshold
 from llama_sparse.gates.yamlfile import Map as _Map
 from llama_sparse.gates.yamlfile import SpecError, read_yaml as _read_yaml, shown_path as _shown
@@ -448,6 +449,17 @@ def load(path: Path) -> GateSpec:
             ck.fail(lines["json_schema"], f"json_schema: must be a JSON schema (a mapping), not {_type_name(schema)} ({schema!r})")
         else:
             values["json_schema"] = json.loads(json.dumps(schema))  # plain JSON, as the request sends it
+    if "mix" in data:
+        mix = data["mix"]
+        if not isinstance(mix, list) or not mix or any(m not in REQUEST_KINDS for m in mix):
+            ck.fail(lines["mix"], f"mix: must be a list of the requests {', '.join(REQUEST_KINDS)} "
+                                  f"(one per sample in turn), not {mix!r}")
+        elif "json" in mix and "json_schema" not in data:
+            ck.fail(lines["mix"], "mix: its json requests need the gate's json_schema")
+        elif data.get("shared_prefill"):
+            ck.fail(lines["mix"], "mix: the shared-prefill arms answer one greedy prompt at a time")
+        else:
+            values["mix"] = tuple(mix)
     if "only_samples" in data:
         values["only_samples"] = _unique_list(ck, data, "only_samples", _index_item, "sample indices")
         n = values.get("samples", GateSpec.samples)
