@@ -1,4 +1,4 @@
-"""Running a tool that is expected to refuse its flags at start-up (shared by the flag tests)."""
+"""Running a tool that is expected to refuse its flags at start-up (shared by the settings and flag tests)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,3 @@ def refuses(tool: str, model: Path, args: list[str], env: dict[str, str] | None 
     assert proc.returncode != 0, f"{tool} {' '.join(args)} started"
     return proc.stderr + proc.stdout
 
-
-def refusals(rows: list[tuple[str, str, str]]) -> list[tuple[list[str], str]]:
-    """(flag, bad value, what it must be) -> (args, the message every tool prints): libllama's
-    settings table words them all alike."""
-    return [([flag, value], f"{flag} must be {accepted}, got '{value}'") for flag, value, accepted in rows]

@@ -23,6 +23,9 @@ MARCH_LEVELS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "icelake-server
 # the CPU backend's translation units the patch set adds to or changes most
 PATCHED_UNITS = (
     "ggml/src/ggml-cpu/ops.cpp",
+    "ggml/src/ggml-cpu/sparse-attn/fattn-tiles.cpp",
+    "ggml/src/ggml-cpu/sparse-attn/fill.cpp",
+    "ggml/src/ggml-cpu/sparse-attn/select.cpp",
     "ggml/src/ggml-cpu/scsa/scsa-op.cpp",
     "ggml/src/ggml-cpu/scsa/scsa.cpp",
     "ggml/src/ggml-cpu/ggml-cpu.c",

@@ -1,4 +1,4 @@
-"""Model downloads are hash-checked; tiny-qwen3 is deterministic and a valid Qwen3 graph."""
+"""Model downloads are hash-checked; tiny-qwen3 and the tiny-gemma4 pair are deterministic and valid graphs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from llama_sparse import models
 from llama_sparse.errors import UserError
+from llama_sparse.tinygemma4 import TinyGemma4Shape, write_pair
 from llama_sparse.tinyqwen import TinyQwen3Shape, digest, write
 
 
@@ -36,6 +37,34 @@ def test_tiny_qwen3_shape_is_recorded(tmp_path: Path) -> None:
 def test_bad_shape_refused() -> None:
     with pytest.raises(UserError, match="multiple of n_head_kv"):
         TinyQwen3Shape(n_head=6, n_head_kv=4).validate()
+
+
+def test_tiny_gemma4_pair_is_deterministic_and_the_assistant_fits_its_target(tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = write_pair(tmp_path / "a"), write_pair(tmp_path / "b")
+    assert (digest(a.target), digest(a.assistant)) == (digest(b.target), digest(b.assistant))
+    assert digest(a.target) != digest(a.assistant)
+
+    def values(path: Path) -> dict[str, object]:
+        fields = GGUFReader(path).fields.values()
+        return {f.name: f.contents() for f in fields}
+
+    target, assistant = values(a.target), values(a.assistant)
+    assert target["general.architecture"] == "gemma4" and assistant["general.architecture"] == "gemma4-assistant"
+    # the assistant takes the target's hidden state in, and every one of its layers drafts
+    assert assistant["gemma4-assistant.embedding_length_out"] == target["gemma4.embedding_length"]
+    assert assistant["gemma4-assistant.nextn_predict_layers"] == assistant["gemma4-assistant.block_count"]
+    # it reads the target's last sliding-window layer and its last full-attention layer
+    assert target["gemma4.attention.sliding_window_pattern"][-2:] == [True, False]
+    assert assistant["gemma4-assistant.attention.sliding_window_pattern"] == [True, False]
+
+
+def test_tiny_gemma4_bad_shape_refused() -> None:
+    with pytest.raises(UserError, match="assistant_n_embd must differ from n_embd"):
+        TinyGemma4Shape(n_embd=64, assistant_n_embd=64).validate()
 
 
 def test_unknown_model_and_missing_path_refused(tmp_path: Path) -> None:

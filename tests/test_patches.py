@@ -21,6 +21,8 @@ def scratch_copy(project: Project, root: Path) -> Project:
     (root / "vendor").mkdir(parents=True)
     shutil.copyfile(project.root / PIN_FILE, root / PIN_FILE)
     shutil.copytree(project.patches_dir, root / "patches")
+    (root / "docs").mkdir()
+    shutil.copyfile(project.root / patches.STACK_TABLE, root / patches.STACK_TABLE)
     (root / "vendor" / "llama.cpp").symlink_to(project.vendor_dir)
     return Project(root)
 
@@ -113,6 +115,33 @@ def test_pending_patch_may_not_touch_a_file_an_inappropriate_one_created(tmp_pat
     assert [p.file for p in problems] == ["b.patch"] and "include/ours.h" in problems[0].reason
 
 
+@pytest.mark.parametrize("subject, flagged", [
+    ("ggml : add GGML_OP_SPARSE_ATTN_FILL, per-block key bounds", None),
+    ("llama, server : a prompt never shares a micro-batch with a decode step", None),
+    ("ggml-cpu: the key sketch stops at a tolerance", "form"),
+    ("Fix the kernel", "form"),
+    ("llama : " + "a" * 70, "characters"),
+])
+def test_subject_in_upstreams_form_and_short(tmp_path: Path, subject: str, flagged: str | None) -> None:
+    path = _patch(tmp_path / "a.patch", "Pending", "")
+    path.write_text(path.read_text().replace("Subject: [PATCH] a", f"Subject: [PATCH] {subject}"))
+    reasons = " ".join(p.reason for p in patches.lint_subject(path))
+    assert (flagged is None and reasons == "") or (flagged is not None and flagged in reasons)
+
+
+def test_a_patch_stacked_on_top_without_a_concern_is_refused(project: Project, tmp_path: Path) -> None:
+    """The stack is the design: a patch the stack table does not name (a fix stacked on top of
+    the concern it changes) fails the check until it is folded or its concern written down."""
+    copy = scratch_copy(project, tmp_path / "c")
+    series = patches.read_series(copy.patches_dir)
+    problems = patches.lint_concerns(copy, series)
+    assert problems == []
+    problems = patches.lint_concerns(copy, series + ["llama-a-fix-on-top.patch"])
+    assert [p.file for p in problems] == ["llama-a-fix-on-top.patch"] and "fold it" in problems[0].reason
+    problems = patches.lint_concerns(copy, list(reversed(series)))
+    assert problems and "order" in problems[0].reason
+
+
 def test_unlisted_patch_is_flagged(project: Project, tmp_path: Path) -> None:
     copy = scratch_copy(project, tmp_path / "c")
     first = copy.patches_dir / patches.read_series(copy.patches_dir)[0]
@@ -127,6 +156,8 @@ def test_apply_export_round_trip(project: Project, tmp_path: Path) -> None:
     (root / "vendor").mkdir(parents=True)
     shutil.copyfile(project.root / PIN_FILE, root / PIN_FILE)
     shutil.copytree(project.patches_dir, root / "patches")
+    (root / "docs").mkdir()
+    shutil.copyfile(project.root / patches.STACK_TABLE, root / patches.STACK_TABLE)
     subprocess.run(["git", "clone", "-q", "--shared", str(project.vendor_dir), str(root / "vendor" / "llama.cpp")],
                    check=True)
     copy = Project(root)

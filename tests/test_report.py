@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llama_sparse.gates.report import (ArmResult, GateReport, format_metric, machine_info,
-                                       markdown_table, plot, run_dir, write)
+from llama_sparse.gates.markdown import format_metric, markdown_table
+from llama_sparse.gates.output import run_dir, write
+from llama_sparse.gates.plot import plot
+from llama_sparse.gates.report import ArmResult, GateReport, machine_info
 from llama_sparse.gates.spec import load
 from llama_sparse.progress import Progress
 
@@ -442,7 +444,7 @@ def test_cost_curve_draws_tokens_per_second_beside_the_ratio(tmp_path: Path, spe
 
 def test_render_draws_an_earlier_run_again(tmp_path: Path, frontier_spec) -> None:
     from llama_sparse.errors import UserError
-    from llama_sparse.gates.report import load as load_report
+    from llama_sparse.gates.output import load as load_report
     from llama_sparse.gates.runner import render
 
     out = tmp_path / "run"

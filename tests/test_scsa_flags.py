@@ -1,7 +1,9 @@
-"""SCSA's flags and start-up checks: every --scsa-* flag refuses a bad value naming the flag and
-its range, the range edges are accepted and decode, several slots are served with a KV cache
-each, and what the operator cannot serve (a KV type it cannot read, slots sharing one unified
-cache, flash attention off, a recurrent model, a malformed taus file) is refused with the reason."""
+"""SCSA's flags and start-up checks: the range edges are accepted and decode, several slots are
+served with a KV cache each, and what the operator cannot serve (a KV type it cannot read, slots
+sharing one unified cache, a recurrent model, a malformed taus file) is refused with the reason.
+The values and combinations refused at start-up (every --scsa-* flag out of its range, a block
+size that is not a multiple of the interval, flash attention off) are tested with the settings
+table, in tests/test_sparse_settings.py."""
 
 from __future__ import annotations
 
@@ -13,51 +15,10 @@ import pytest
 
 from llama_sparse.binaries import binary
 from llama_sparse.server import ServerConfig
-from startup import refuses, refusals
+from llama_sparse.timings import SCSA_LINE
+from startup import refuses
 
 pytestmark = pytest.mark.slow
-
-SCSA_LINE = re.compile(r"scsa: decode read\s+([0-9.]+)% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\); "
-                       r"calls (\d+),")
-
-BAD = [
-    ("--scsa-tolerance", "0", "a number in (0, 1]"),
-    ("--scsa-tolerance", "1.5", "a number in (0, 1]"),
-    ("--scsa-tolerance", "low", "a number in (0, 1]"),
-    ("--scsa-max-error", "0", "a number in (0, 10]"),
-    ("--scsa-max-error", "10.5", "a number in (0, 10]"),
-    ("--scsa-max-error", "half", "a number in (0, 10]"),
-    ("--scsa-calib-steps", "-1", "an integer in [0, 4096]"),
-    ("--scsa-calib-steps", "4097", "an integer in [0, 4096]"),
-    ("--scsa-packed", "q4_0", "q8_0 or f16"),
-    ("--scsa-cluster-size", "7", "an integer in [8, 4096]"),
-    ("--scsa-cluster-size", "4097", "an integer in [8, 4096]"),
-    ("--scsa-rebuild-interval", "31", "an integer in [32, 65536]"),
-    ("--scsa-rebuild-interval", "65537", "an integer in [32, 65536]"),
-    ("--scsa-block-size", "31", "an integer in [32, 1048576]"),
-    ("--scsa-block-size", "1048577", "an integer in [32, 1048576]"),
-    ("--scsa-sink", "-1", "an integer in [0, 65536]"),
-    ("--scsa-sink", "65537", "an integer in [0, 65536]"),
-    ("--scsa-recent", "-1", "an integer in [0, 65536]"),
-    ("--scsa-recent", "65537", "an integer in [0, 65536]"),
-    ("--scsa-taus", "", "a file name"),
-]
-BAD_VALUES = refusals(BAD) + [
-    (["--sparse-attn", "scsa", "--scsa-block-size", "1000"],
-     "scsa_block_size (--scsa-block-size) must be a multiple of scsa_rebuild_interval (--scsa-rebuild-interval, 512), got 1000"),
-    (["--sparse-attn", "scsa", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
-]
-
-
-@pytest.mark.parametrize("tool", ["llama-server", "llama-cli", "llama-bench"])
-@pytest.mark.parametrize("args,message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
-def test_bad_value_refused_at_startup(tool: str, args: list[str], message: str, tiny_qwen3) -> None:
-    assert message in refuses(tool, tiny_qwen3, args)
-
-
-def test_bad_environment_value_refused(tiny_qwen3) -> None:
-    msg = refuses("llama-server", tiny_qwen3, [], {"LLAMA_ARG_SCSA_TOLERANCE": "2"})
-    assert "--scsa-tolerance must be a number in (0, 1], got '2'" in msg
 
 
 def test_help_lists_every_flag() -> None:
@@ -226,14 +187,14 @@ def test_several_slots_served_with_a_cache_each(tiny_qwen3, start_server) -> Non
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda p: server.complete(p, n_predict=24, ignore_eos=True), prompts))
     assert all(a["tokens_predicted"] == 24 for a in answers)
-    lines = SCSA_LINE.findall(server.wait_log("scsa: decode read", count=2))
-    assert len(lines) == 2
+    lines = list(SCSA_LINE.finditer(server.wait_log("scsa: decode read", count=2)))
+    assert len(lines) == 2 and all(m["calls"] is not None for m in lines), [m.group(0) for m in lines]
     # the rows one call (a query head's attention for one token) saw, on average: its own
     # sequence's context, between the prompt and the prompt plus the tokens generated. A line
     # counting both slots would average the two contexts and miss both ranges. (A token of one
     # slot's prompt can share a micro-batch with the other's decode and go through the plans:
     # the calls counted, not a fixed step count, are the divisor)
-    per_call = sorted((int(line[3]) / int(line[4]), int(line[4])) for line in lines)
+    per_call = sorted((int(m["visible"]) / int(m["calls"]), int(m["calls"])) for m in lines)
     for (mean, calls), n in zip(per_call, sorted(len(p) for p in prompts)):
         assert calls >= 2 * 8 * 23, per_call          # 23 decode steps, 2 layers, 8 heads at least
         assert n <= mean <= n + 24, (per_call, [len(p) for p in prompts])

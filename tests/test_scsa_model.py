@@ -13,6 +13,7 @@ import pytest
 
 from llama_sparse.gates import logitsdump, texts
 from llama_sparse.server import ServerConfig
+from llama_sparse.timings import SCSA_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -110,10 +111,6 @@ def test_a_head_no_tau_serves_runs_exact(strict, tiny_qwen3, tmp_path) -> None:
     assert len(taus) == 2 * 8 and set(taus.values()) == {0.0}, taus
 
 
-SCSA_LINE = re.compile(r"scsa: decode read\s+([0-9.]+)% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\); "
-                       r"calls (\d+), clusters scored (\d+), rebuilds (\d+), exact calls (\d+); calibration (\d+) steps, (.*)")
-
-
 def test_prompt_reusing_part_of_the_cache_replans(tiny_qwen3, start_server, tmp_path) -> None:
     """Request 2 keeps request 1's first 600 tokens from the cache and replaces the rest: the
     plans over the replaced cells must go. With every cluster opened and f16 packing, SCSA's
@@ -143,9 +140,9 @@ def test_prompt_reusing_part_of_the_cache_replans(tiny_qwen3, start_server, tmp_
         assert set(la) == set(lb)
         for tok in la:
             assert abs(la[tok] - lb[tok]) < 5e-3, (tok, la[tok], lb[tok])   # dense accumulates V in f16
-    lines = SCSA_LINE.findall(servers["scsa"].wait_log("scsa: decode read", count=2))
-    assert len(lines) == 2
-    rebuilds_second = int(lines[1][6])
+    lines = list(SCSA_LINE.finditer(servers["scsa"].wait_log("scsa: decode read", count=2)))
+    assert len(lines) == 2 and lines[1]["rebuilds"] is not None, [m.group(0) for m in lines]
+    rebuilds_second = int(lines[1]["rebuilds"])
     assert rebuilds_second > 0, "the second request built no plan over its new keys"
 
 

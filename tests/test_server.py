@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llama_sparse.binaries import binary
+from llama_sparse.patches import patch_set_digest
 from llama_sparse.server import ServerConfig, ServerError, ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -17,6 +18,7 @@ def test_version_names_the_patch_set(project) -> None:
     out = subprocess.run([str(binary("llama-server")), "--version"], capture_output=True, text=True)
     text = out.stdout + out.stderr
     assert f"llama-sparse {project.version}" in text
+    assert f"patch set {patch_set_digest(project.patches_dir)}," in text   # the committed patches/, as built
     assert project.pin.upstream_commit[:12] in text
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from llama_sparse.binaries import binary, lib_dir
 from llama_sparse.python import SparseParams
+from startup import refuses
 
 pytestmark = pytest.mark.slow
 
@@ -164,3 +165,91 @@ def test_a_refused_text_leaves_the_params_as_they_were() -> None:
     assert not _set(params, "--sparse-attn-block-size", "48")[0]
     assert not _set(params, "--no-such-setting", "1")[0]
     assert bytes(params) == before
+
+
+# -- refused at start-up ------------------------------------------------------------------------
+# Every tool that takes the table's flags, started with a value or a combination it must refuse:
+# it exits non-zero with the table's words, "<flag> must be <accepted>, got '<value>'".
+
+TOOLS = ("llama-server", "llama-cli", "llama-bench")
+
+# (flag, value, what it must be)
+OUT_OF_RANGE = [
+    ("--sparse-attn", "maybe", "off, on, auto or scsa"),
+    ("--sparse-attn-method", "quest", "block or scsa"),
+    ("--sparse-attn-block-size", "48", "a multiple of 32 in [32, 4096]"),
+    ("--sparse-attn-block-size", "8192", "a multiple of 32 in [32, 4096]"),
+    ("--sparse-attn-block-size", "4128", "a multiple of 32 in [32, 4096]"),
+    ("--sparse-attn-block-size", "0", "a multiple of 32 in [32, 4096]"),
+    ("--sparse-attn-topk", "1048577", "an integer in [0, 1048576]"),
+    ("--sparse-attn-topk", "-1", "an integer in [0, 1048576]"),
+    ("--sparse-attn-coverage", "0", "a number in (0, 1]"),
+    ("--sparse-attn-coverage", "1.5", "a number in (0, 1]"),
+    ("--sparse-attn-coverage", "half", "a number in (0, 1]"),
+    ("--sparse-attn-tolerance", "-0.01", "a number in [0, 1]"),
+    ("--sparse-attn-tolerance", "1.5", "a number in [0, 1]"),
+    ("--sparse-attn-tolerance", "nan", "a number in [0, 1]"),
+    ("--sparse-attn-recheck", "-0.1", "a number in [0, 100]"),
+    ("--sparse-attn-recheck", "101", "a number in [0, 100]"),
+    ("--sparse-attn-recheck", "nan", "a number in [0, 100]"),
+    ("--sparse-attn-recent", "-1", "an integer in [0, 1048576]"),
+    ("--sparse-attn-recent", "1048577", "an integer in [0, 1048576]"),
+    ("--sparse-attn-recent", "x", "an integer in [0, 1048576]"),
+    ("--sparse-attn-sink", "1048577", "an integer in [0, 1048576]"),
+    ("--sparse-attn-sink", "-4", "an integer in [0, 1048576]"),
+    ("--sparse-attn-min-kv", "16777217", "an integer in [0, 16777216]"),
+    ("--sparse-attn-min-kv", "-1", "an integer in [0, 16777216]"),
+    ("--scsa-tolerance", "0", "a number in (0, 1]"),
+    ("--scsa-tolerance", "1.5", "a number in (0, 1]"),
+    ("--scsa-tolerance", "low", "a number in (0, 1]"),
+    ("--scsa-max-error", "0", "a number in (0, 10]"),
+    ("--scsa-max-error", "10.5", "a number in (0, 10]"),
+    ("--scsa-max-error", "half", "a number in (0, 10]"),
+    ("--scsa-calib-steps", "-1", "an integer in [0, 4096]"),
+    ("--scsa-calib-steps", "4097", "an integer in [0, 4096]"),
+    ("--scsa-packed", "q4_0", "q8_0 or f16"),
+    ("--scsa-cluster-size", "7", "an integer in [8, 4096]"),
+    ("--scsa-cluster-size", "4097", "an integer in [8, 4096]"),
+    ("--scsa-rebuild-interval", "31", "an integer in [32, 65536]"),
+    ("--scsa-rebuild-interval", "65537", "an integer in [32, 65536]"),
+    ("--scsa-block-size", "31", "an integer in [32, 1048576]"),
+    ("--scsa-block-size", "1048577", "an integer in [32, 1048576]"),
+    ("--scsa-sink", "-1", "an integer in [0, 65536]"),
+    ("--scsa-sink", "65537", "an integer in [0, 65536]"),
+    ("--scsa-recent", "-1", "an integer in [0, 65536]"),
+    ("--scsa-recent", "65537", "an integer in [0, 65536]"),
+    ("--scsa-taus", "", "a file name"),
+]
+
+# (args, message): settings each in range, refused together, by llama_sparse_params_check (the
+# first two) or by the tools (a method that needs flash attention, with it off)
+COMBINATIONS = [
+    (["--sparse-attn", "auto", "--sparse-attn-method", "scsa"],
+     "sparse_attn (--sparse-attn) auto applies to the block method; SCSA runs on"),
+    (["--sparse-attn", "scsa", "--scsa-block-size", "1000"],
+     "scsa_block_size (--scsa-block-size) must be a multiple of scsa_rebuild_interval (--scsa-rebuild-interval, 512), got 1000"),
+    (["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
+    (["--sparse-attn", "scsa", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
+]
+
+# (variables, message): llama-server's LLAMA_ARG_* mirrors of the flags refuse in the same words
+ENVIRONMENT = [
+    ({"LLAMA_ARG_SPARSE_ATTN_COVERAGE": "2"}, "--sparse-attn-coverage must be a number in (0, 1], got '2'"),
+    ({"LLAMA_ARG_SPARSE_ATTN_BLOCK_SIZE": "33"}, "--sparse-attn-block-size must be a multiple of 32 in [32, 4096], got '33'"),
+    ({"LLAMA_ARG_SCSA_TOLERANCE": "2"}, "--scsa-tolerance must be a number in (0, 1], got '2'"),
+]
+
+REFUSED = [
+    *(pytest.param(tool, args, {}, message, id=f"{tool} {' '.join(args)}")
+      for tool in TOOLS
+      for args, message in [([flag, value], f"{flag} must be {accepted}, got '{value}'")
+                            for flag, value, accepted in OUT_OF_RANGE] + COMBINATIONS),
+    *(pytest.param("llama-server", [], env, message, id="llama-server " + " ".join(f"{k}={v}" for k, v in env.items()))
+      for env, message in ENVIRONMENT),
+]
+
+
+@pytest.mark.parametrize("tool,args,env,message", REFUSED)
+def test_refused_at_startup_in_the_tables_words(tool: str, args: list[str], env: dict[str, str], message: str,
+                                                tiny_qwen3) -> None:
+    assert message in refuses(tool, tiny_qwen3, args, env)

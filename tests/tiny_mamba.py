@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_sparse.tinyqwen import _byte_vocab, _gguf_module, add_byte_vocab
+from llama_sparse.tinyqwen import byte_vocab, gguf_module, add_byte_vocab
 
 
 def write_tiny_mamba(path: Path, n_layer: int = 2, n_embd: int = 64, seed: int = 7) -> Path:
-    gguf = _gguf_module()
+    gguf = gguf_module()
     rng = np.random.default_rng(seed)
-    tokens, types, merges = _byte_vocab()
+    tokens, types, merges = byte_vocab()
     d_inner, d_state, d_conv, dt_rank = 2 * n_embd, 16, 4, 8
 
     w = gguf.GGUFWriter(str(path), "mamba")

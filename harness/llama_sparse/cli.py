@@ -190,10 +190,10 @@ def _cmd_python_check(args: argparse.Namespace) -> int:
 
 def _report_exit(ctx, table: str | None = None) -> int:
     """Print the report's table (or `table`), its files and the verdict; the exit status."""
-    from llama_sparse.gates import report as reports
+    from llama_sparse.gates.markdown import markdown_table
 
     paths = ctx.save()
-    print(table if table is not None else reports.markdown_table(ctx.report))
+    print(table if table is not None else markdown_table(ctx.report))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     verdict = ctx.report.verdict()
@@ -231,6 +231,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         plan = dataclasses.replace(plan, samples=args.samples)
     run = demo.run(Path(args.out or project.root / "results"), model=args.model, plan=plan)
     return _report_exit(run.ctx, table=run.summary())
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    from llama_sparse import results
+
+    project = Project.find()
+    results_dir = project.root / "docs" / "results"
+    readme, gates_dir = project.root / "README.md", project.root / "gates"
+    if args.action == "publish":
+        if not args.run:
+            raise UserError("results publish needs a run's folder: results/<gate>-<stamp>")
+        for path in results.publish(Path(args.run), results_dir, gates_dir):
+            print(f"wrote {path.relative_to(project.root)}")
+    elif args.action == "index":
+        (results_dir / results.INDEX).write_text(results.index(results_dir, gates_dir))
+        print(f"wrote {(results_dir / results.INDEX).relative_to(project.root)}")
+    elif args.action == "table":
+        if args.write:
+            readme.write_text(results.readme_with_table(readme, results_dir))
+            print(f"wrote the table into {readme.name}")
+        else:
+            print(results.readme_table(results_dir))
+    else:
+        problems = results.stale(readme, results_dir, gates_dir)
+        for line in problems:
+            print(line)
+        print("results: " + ("up to date with the reports" if not problems else f"{len(problems)} out of date"))
+        return 1 if problems else 0
+    return 0
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -287,6 +316,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, help="needles per task and context (default: 4, or 8 with --full)")
     p.add_argument("--out", help="results folder (default: results/)")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("results", help="docs/results: publish a run as its gate's current report, the index, "
+                                       "the README's table (check: both agree with the reports)")
+    p.add_argument("action", choices=["publish", "index", "table", "check"])
+    p.add_argument("run", nargs="?", help="publish: a run's folder, results/<gate>-<stamp>")
+    p.add_argument("--write", action="store_true", help="table: write it into README.md between its markers")
+    p.set_defaults(func=_cmd_results)
 
     p = sub.add_parser("fuzz", help="fuzz the block-sparse CPU kernels under ASan and UBSan (builds build/fuzz)")
     p.add_argument("--cases", type=int, default=300)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llama_sparse.binaries import binary
-from llama_sparse.gates import ab, needles, report as reports
+from llama_sparse.gates import ab, needles, output, report as reports
+from llama_sparse.gates.markdown import tokens_label
 from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.report import ArmResult
 from llama_sparse.gates.schema import Arm, GateSpec
@@ -106,8 +107,8 @@ class DemoRun:
         how many of its steps it computed again densely."""
         needle_ctx = sorted({r.context for r in self.needles})
         speed_ctx = sorted({r.context for r in self.speed})
-        header = (["arm"] + [f"needles at {reports.tokens_label(n)}" for n in needle_ctx]
-                  + [f"decode at {reports.tokens_label(n)}" for n in speed_ctx]
+        header = (["arm"] + [f"needles at {tokens_label(n)}" for n in needle_ctx]
+                  + [f"decode at {tokens_label(n)}" for n in speed_ctx]
                   + ["KV blocks read", "steps computed again"])
         lines = ["| " + " | ".join(header) + " |", "|---|" + "--:|" * (len(header) - 1)]
         for arm in (a.name for a in self.ctx.spec.arms):
@@ -140,7 +141,7 @@ def run(out_root: Path, model: str = "smollm2-135m", plan: DemoPlan = QUICK) -> 
     sparse = default_sparse_arm(server_help())
     gate = spec(model, plan, sparse)
     arms = list(gate.arms)
-    out_dir = reports.run_dir(out_root, "demo")
+    out_dir = output.run_dir(out_root, "demo")
     clock = TimeLeft(plan.prefill_tokens(len(arms)))
     with Progress() as p:
         ctx = GateContext(spec=gate, out_dir=out_dir, progress=p, kind=ab.KIND)
@@ -150,9 +151,9 @@ def run(out_root: Path, model: str = "smollm2-135m", plan: DemoPlan = QUICK) -> 
             ctx.report.notes.append(note)
             p.log(note)
         p.log(f"demo: {plan.samples} needles per task ({', '.join(plan.tasks)}) at "
-              f"{', '.join(reports.tokens_label(n) for n in plan.needle_contexts)}, each prefilled once and answered "
+              f"{', '.join(tokens_label(n) for n in plan.needle_contexts)}, each prefilled once and answered "
               f"by {' and '.join(a.name for a in arms)}; decode speed at "
-              f"{', '.join(reports.tokens_label(n) for n in plan.speed_contexts)}, {plan.repeats} rounds of "
+              f"{', '.join(tokens_label(n) for n in plan.speed_contexts)}, {plan.repeats} rounds of "
               f"{plan.n_predict} tokens per arm; {clock.total} prompt tokens to prefill in all")
         try:
             for n_ctx in plan.needle_contexts:
@@ -164,17 +165,17 @@ def run(out_root: Path, model: str = "smollm2-135m", plan: DemoPlan = QUICK) -> 
                         needles.count_against_reference(results[0], r)
                     if r.error is None:
                         found = [f"{t} {r.metrics.get('niah:' + t, 0.0):.0%}" for t in plan.tasks]
-                        p.log(f"  {r.arm} @{reports.tokens_label(n_ctx)}: needles {', '.join(found)} "
+                        p.log(f"  {r.arm} @{tokens_label(n_ctx)}: needles {', '.join(found)} "
                               f"({sum(x['score'] == 1.0 for x in r.samples)} of {len(r.samples)} found)")
                     else:
-                        p.log(f"  {r.arm} @{reports.tokens_label(n_ctx)}: ERROR {r.error.splitlines()[0]}")
+                        p.log(f"  {r.arm} @{tokens_label(n_ctx)}: ERROR {r.error.splitlines()[0]}")
                 p.log(f"  {clock.advance(len(samples) * n_ctx)}")
             for n_ctx in plan.speed_contexts:
                 for r in ab.measure(ctx, model, n_ctx, "f16", 1, arms, arms[0]):
                     ctx.record(r)
                     demo.speed.append(r)
                     m = r.metrics
-                    p.log(f"  {r.arm} @{reports.tokens_label(n_ctx)}: "
+                    p.log(f"  {r.arm} @{tokens_label(n_ctx)}: "
                           + (f"decode {m['decode_tps_median']:.1f} tok/s"
                              + (f", {m['ratio_median']:.2f}x dense" if "ratio_median" in m else "")
                              if r.error is None else f"ERROR {r.error.splitlines()[0]}"))

@@ -8,6 +8,7 @@ patches/ byte for byte; `check` proves it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import tempfile
@@ -33,18 +34,39 @@ def read_series(patches_dir: Path) -> list[str]:
     return [n for n in names if n and not n.startswith("#")]
 
 
+def patch_set_digest(patches_dir: Path) -> str:
+    """The patch set's name in a build's version line: the first 12 hex digits of the SHA-256 of
+    "<file> <sha256 of the file>\n" over the series, as CMakeLists.txt computes it."""
+    lines = "".join(f"{name} {hashlib.sha256((patches_dir / name).read_bytes()).hexdigest()}\n"
+                    for name in read_series(patches_dir))
+    return hashlib.sha256(lines.encode()).hexdigest()[:12]
+
+
 def _strip_number(name: str) -> str:
     return re.sub(r"^\d{4}-", "", name)
 
 
+# a patch's file name: the topic its message's trailer gives (short, stable under a reworded
+# subject), as ollama's and Electron's stacks name theirs
+PATCH_NAME = re.compile(r"^Patch-Name: ([a-z0-9][a-z0-9-]{0,47})$", re.M)
+
+
+def patch_name(path: Path) -> str | None:
+    """The `Patch-Name:` trailer of a format-patch file's message, None without one."""
+    message = re.split(r"(?m)^---$", path.read_text(errors="replace"), maxsplit=1)[0]
+    m = PATCH_NAME.search(message)
+    return f"{m.group(1)}.patch" if m else None
+
+
 def format_patches(repo: GitRepo, dest: Path) -> list[str]:
-    """Export the commits above `upstream` into dest; returns the file names in order."""
+    """Export the commits above `upstream` into dest; returns the file names in order: each
+    commit's `Patch-Name:`, else its subject as format-patch spells it."""
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo.run(*FORMAT_PATCH_ARGS, "-o", tmp, f"{UPSTREAM_TAG}..HEAD")
         names = []
         for f in sorted(Path(tmp).iterdir()):
-            name = _strip_number(f.name)
+            name = patch_name(f) or _strip_number(f.name)
             if name in names:  # two commits with the same subject: keep them apart
                 name = f.name
             shutil.move(str(f), dest / name)
@@ -153,6 +175,53 @@ class CheckProblem:
         return f"{self.file}: {self.reason}"
 
 
+SUBJECT_MAX = 72
+# upstream's form: the component(s) touched, " : ", then what the patch does
+_SUBJECT_FORM = re.compile(r"^[a-z0-9][\w.-]*(, [a-z0-9][\w.-]*)* : \S")
+STACK_TABLE = Path("docs") / "patches.md"
+STACK_HEADING = "## The stack"
+
+
+def subject_of(path: Path) -> str:
+    """A format-patch file's subject, its folded lines joined, without the [PATCH] tag."""
+    header = path.read_text(errors="replace").partition("\n\n")[0]
+    m = re.search(r"^Subject: (.*(?:\n[ \t].*)*)", header, re.M)
+    subject = re.sub(r"\n[ \t]", " ", m.group(1)) if m else ""
+    return re.sub(r"^\[PATCH[^\]]*\] ", "", subject)
+
+
+def lint_subject(path: Path) -> list[CheckProblem]:
+    subject = subject_of(path)
+    problems = []
+    if len(subject) > SUBJECT_MAX:
+        problems.append(CheckProblem(path.name, f"subject of {len(subject)} characters (at most {SUBJECT_MAX})"))
+    if not _SUBJECT_FORM.match(subject):
+        problems.append(CheckProblem(path.name, f"subject {subject!r} is not in upstream's form "
+                                                "('ggml : add ...', 'llama : ...', 'llama, server : ...')"))
+    return problems
+
+
+def lint_concerns(project: Project, series: list[str]) -> list[CheckProblem]:
+    """Every patch is a concern the design names: docs/patches.md's stack table lists each patch
+    of the series, in its order, and no other. A change to a concern an existing patch holds is
+    folded into that patch; a patch stacked on top has no line there and is refused until it is
+    folded, or its concern is written into the design."""
+    doc = project.root / STACK_TABLE
+    if not doc.is_file():
+        return [CheckProblem(str(STACK_TABLE), "missing: it names the concern of every patch")]
+    text = doc.read_text()
+    section = text.split(STACK_HEADING, 1)[1].split("\n## ", 1)[0] if STACK_HEADING in text else ""
+    listed = re.findall(r"^\| `([^`]+\.patch)` \|", section, re.M)
+    problems = [CheckProblem(name, f"has no concern in {STACK_TABLE}'s stack table: fold it into the patch "
+                                   "whose concern it changes, or name its concern there")
+                for name in series if name not in listed]
+    problems += [CheckProblem(str(STACK_TABLE), f"lists {name}, which patches/{SERIES} does not")
+                 for name in listed if name not in series]
+    if not problems and listed != series:
+        problems.append(CheckProblem(str(STACK_TABLE), "its stack table is not in the order of patches/series"))
+    return problems
+
+
 def lint_message(path: Path) -> list[CheckProblem]:
     """A patch message must say why (a paragraph after the subject) and where it stands upstream."""
     text = path.read_text(errors="replace")
@@ -257,8 +326,9 @@ def check(project: Project, log=print) -> list[CheckProblem]:
         problems.append(CheckProblem(name, f"not listed in patches/{SERIES}"))
     files = series_files(project)
     for f in files:
-        problems += lint_message(f)
+        problems += lint_message(f) + lint_subject(f)
     problems += lint_status_order(files)
+    problems += lint_concerns(project, series)
 
     with tempfile.TemporaryDirectory(prefix="llama-sparse-check-") as tmp:
         fresh = GitRepo(Path(tmp) / "tree")

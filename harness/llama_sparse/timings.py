@@ -25,8 +25,16 @@ _EVAL = re.compile(
 _TOTAL = re.compile(rf"total time =\s+{_NUM} ms /\s+(\d+) tokens")
 _SPARSE = re.compile(rf"sparse attention: decode read\s+{_NUM}% of the visible KV blocks \((\d+) of (\d+) block reads\)"
                      r"(?:; (\d+) of (\d+) steps computed again densely)?")
-# SCSA: rows read exactly (opened clusters and exact rows) out of the rows visible to its calls
-_SCSA = re.compile(rf"scsa: decode read\s+{_NUM}% of the visible rows \(opened (\d+), exact (\d+), of (\d+)\)")
+# SCSA's line for a request: the rows read exactly (opened clusters and exact rows) out of the
+# rows visible to its calls, then its counters for the request (attention calls, clusters scored,
+# plans rebuilt, calls computed exactly) and where its calibration stands (the counters optional
+# here, as parse reads the rows alone; a reader that needs them checks they matched). The one
+# definition of the line: tests read its fields by these names.
+SCSA_LINE = re.compile(rf"scsa: decode read\s+{_NUM}% of the visible rows "
+                       r"\(opened (?P<opened>\d+), exact (?P<exact>\d+), of (?P<visible>\d+)\)"
+                       r"(?:; calls (?P<calls>\d+), clusters scored (?P<scored>\d+), rebuilds (?P<rebuilds>\d+), "
+                       r"exact calls (?P<exact_calls>\d+); calibration (?P<calibration_steps>\d+) steps, "
+                       r"(?P<state>taus frozen|calibrating))?")
 
 
 @dataclass(frozen=True)
@@ -102,9 +110,9 @@ def parse(text: str) -> list[RequestTiming]:
             out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible,
                                           sparse_blocks_visible=visible, sparse_rechecked=rechecked)
             continue
-        sc = _SCSA.search(line)
+        sc = SCSA_LINE.search(line)
         if sc and out and (out[-1].slot, out[-1].task) == key:
-            read, visible = int(sc.group(2)) + int(sc.group(3)), int(sc.group(4))
+            read, visible = int(sc["opened"]) + int(sc["exact"]), int(sc["visible"])
             if visible > 0:
                 out[-1] = dataclasses.replace(out[-1], sparse_read_fraction=read / visible)
     return out

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +20,13 @@ import numpy as np
 
 from llama_sparse.errors import UserError
 from llama_sparse.project import Project, models_dir
+
+
+def require_positive(shape, model: str) -> None:
+    """Every field of a tiny model's shape but its seed must be positive."""
+    for k, v in asdict(shape).items():
+        if v <= 0 and k != "seed":
+            raise UserError(f"{model}: {k} must be positive, got {v}")
 
 
 @dataclass(frozen=True)
@@ -33,9 +41,7 @@ class TinyQwen3Shape:
     seed: int = 1234
 
     def validate(self) -> None:
-        for k, v in asdict(self).items():
-            if v <= 0 and k != "seed":
-                raise UserError(f"tiny-qwen3: {k} must be positive, got {v}")
+        require_positive(self, "tiny-qwen3")
         if self.n_head % self.n_head_kv:
             raise UserError(f"tiny-qwen3: n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})")
 
@@ -45,7 +51,7 @@ class TinyQwen3Shape:
                 f"-F{self.n_ff}-C{self.n_ctx}-S{self.seed}")
 
 
-def _gguf_module():
+def gguf_module():
     """The pinned tree's gguf-py if it is vendored, else the installed `gguf` package."""
     try:
         vendored = Project.find().vendor_dir / "gguf-py"
@@ -62,7 +68,7 @@ def _gguf_module():
     return importlib.import_module("gguf")
 
 
-def _byte_vocab() -> tuple[list[str], list[int], list[str]]:
+def byte_vocab() -> tuple[list[str], list[int], list[str]]:
     """GPT-2 byte-level BPE: 256 byte symbols, a few merges, the Qwen chat specials."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -92,7 +98,7 @@ def _byte_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 def add_byte_vocab(w, tokens: list[str], types: list[int], merges: list[str]) -> None:
-    """The byte-level BPE vocabulary of _byte_vocab() into a GGUF writer (our tiny test models share it)."""
+    """The byte-level BPE vocabulary of byte_vocab() into a GGUF writer (our tiny test models share it)."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -103,11 +109,27 @@ def add_byte_vocab(w, tokens: list[str], types: list[int], merges: list[str]) ->
     w.add_add_bos_token(False)
 
 
+@dataclass(frozen=True)
+class RandomWeights:
+    """f32 weights drawn from one generator in call order: the same calls give the same bytes."""
+    rng: np.random.Generator
+
+    def mat(self, rows: int, cols: int, scale: float | None = None) -> np.ndarray:
+        """A (rows, cols) matrix, scaled by 1/sqrt(cols) unless told (activations keep their size)."""
+        s = scale if scale is not None else 1.0 / np.sqrt(cols)
+        return (self.rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def norm(self, n: int) -> np.ndarray:
+        """RMS-norm weights near 1."""
+        return (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
+
+
 def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     shape.validate()
-    gguf = _gguf_module()
-    rng = np.random.default_rng(shape.seed)
-    tokens, types, merges = _byte_vocab()
+    gguf = gguf_module()
+    weights = RandomWeights(np.random.default_rng(shape.seed))
+    mat, norm = weights.mat, weights.norm
+    tokens, types, merges = byte_vocab()
     n_vocab = len(tokens)
 
     w = gguf.GGUFWriter(str(path), "qwen3")
@@ -124,13 +146,6 @@ def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(0)  # all f32
     add_byte_vocab(w, tokens, types, merges)
-
-    def mat(rows: int, cols: int, scale: float | None = None) -> np.ndarray:
-        s = scale if scale is not None else 1.0 / np.sqrt(cols)
-        return (rng.standard_normal((rows, cols)) * s).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     q_dim, kv_dim = shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
     w.add_tensor("token_embd.weight", mat(n_vocab, shape.n_embd, 1.0))
@@ -157,19 +172,25 @@ def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     return path
 
 
-def write_cached(shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
-    """The model for `shape` in the models cache, written once (atomically)."""
-    out = models_dir() / f"tiny-qwen3-{shape.tag}.gguf"
+def cached(name: str, write_to: Callable[[Path], object]) -> Path:
+    """The file `name` in the models cache, written once by `write_to(path)` (atomically: a
+    process that stops half-way leaves no file under that name)."""
+    out = models_dir() / name
     if out.is_file():
         return out
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     try:
-        write(tmp, shape)
+        write_to(tmp)
         os.replace(tmp, out)
     finally:
         if tmp.exists():
             tmp.unlink()
     return out
+
+
+def write_cached(shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
+    """The model for `shape` in the models cache, written once."""
+    return cached(f"tiny-qwen3-{shape.tag}.gguf", lambda path: write(path, shape))
 
 
 def digest(path: Path) -> str:

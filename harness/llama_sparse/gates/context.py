@@ -10,7 +10,7 @@ from pathlib import Path
 
 from llama_sparse import models
 from llama_sparse.binaries import binary
-from llama_sparse.gates import report as reports
+from llama_sparse.gates import output, report as reports
 from llama_sparse.gates.schema import Arm, GateSpec, Kind
 from llama_sparse.gates.verdict import judge
 from llama_sparse.progress import Progress
@@ -76,4 +76,4 @@ class GateContext:
         the report."""
         if self.kind is not None:
             judge(self.report, self.kind, final=final)
-        return reports.write(self.report, self.out_dir)
+        return output.write(self.report, self.out_dir)

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from llama_sparse.gates import ab, needles
 from llama_sparse.gates.context import GateContext
-from llama_sparse.gates.report import ArmResult, GateReport, compare_needles, save_figure, tokens_label
+from llama_sparse.gates.markdown import tokens_label
+from llama_sparse.gates.plot import figure, save_figure
+from llama_sparse.gates.report import ArmResult, GateReport, compare_needles
 from llama_sparse.gates.schema import Kind
 
 SPEED_N_PREDICT = 64  # tokens per timed round of the speed part (the ab gates' default)
@@ -132,15 +134,12 @@ def plot(report: GateReport, path: Path) -> Path | None:
     pts = [p for p in points(report) if p.complete]
     if not pts:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
     panels: dict[tuple[str, str], list[FrontierPoint]] = {}
     for p in pts:
         panels.setdefault((p.model, p.cache_type), []).append(p)
-    fig = Figure(figsize=(6.8 * len(panels), 5.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = figure(len(panels), (6.8, 5.2))
     reference = report.spec.arms[0].name
     for i, ((model, cache), group) in enumerate(panels.items()):
         ax = fig.add_subplot(1, len(panels), i + 1)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llama_sparse.errors import UserError
-from llama_sparse.gates import report as reports
+from llama_sparse.gates import output, report as reports
 from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.kinds import KINDS
 from llama_sparse.gates.schema import GateSpec, Kind
@@ -34,7 +34,7 @@ def run_gate(spec: GateSpec, out_root: Path, only: str | Sequence[str] | None = 
     if unknown:
         raise UserError(f"{spec.path}: no arm named '{unknown[0]}'; arms: {', '.join(a.name for a in spec.arms)}")
     kind = kind_of(spec.kind)
-    directory = out_dir or reports.run_dir(out_root, spec.name)
+    directory = out_dir or output.run_dir(out_root, spec.name)
     with (progress or Progress()) as p:
         ctx = GateContext(spec=spec, out_dir=directory, progress=p, kind=kind, only=only)
         p.log(f"gate {spec.name} ({spec.kind}): results in {directory}")
@@ -52,6 +52,6 @@ def run_gate(spec: GateSpec, out_root: Path, only: str | Sequence[str] | None = 
 def render(out_dir: Path) -> dict[str, Path]:
     """report.md and plot.png of an earlier run drawn again from its report.json (its verdict is
     the one it was given then)."""
-    report = reports.load(out_dir)
+    report = output.load(out_dir)
     report.kind = KINDS.get(report.spec.kind)
-    return reports.write(report, Path(out_dir))
+    return output.write(report, Path(out_dir))
