@@ -200,7 +200,7 @@ def test_scsa_plans_follow_two_sequences_through_every_cache_operation(tiny_qwen
     dense_out = cachecheck_run(tiny_qwen3, tmp_path, "--cc-kv-per-seq", "--cc-logits", str(tmp_path / "dense.bin"),
                                "--sparse-attn", "off", prompt_tokens=600)
     scsa_out = cachecheck_run(tiny_qwen3, tmp_path, "--cc-kv-per-seq", "--cc-logits", str(tmp_path / "scsa.bin"),
-                              "--sparse-attn", "scsa", "--scsa-packed", "f16", "--scsa-taus", str(tau0),
+                              "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-packed", "f16", "--scsa-taus", str(tau0),
                               *SCSA_SMALL_PLANS, prompt_tokens=600)
     dense = {s["name"]: s for s in dense_out["scenarios"]}
     scsa = {s["name"]: s for s in scsa_out["scenarios"]}

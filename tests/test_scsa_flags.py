@@ -55,7 +55,7 @@ def run_bench(model: Path, *args: str, depth: int = 2048) -> subprocess.Complete
     # 16 tokens, 2 repetitions: 32 timed decode steps, fewer than the 33 a calibration takes, so
     # taus frozen after the timed runs means the calibration ran before them
     return subprocess.run([str(binary("llama-bench")), "-m", str(model), "-p", "0", "-n", "16", "-d", str(depth), "-r", "2",
-                           "-t", "2", "--progress", "--sparse-attn", "scsa", *SMALL_PLANS, *args],
+                           "-t", "2", "--progress", "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", *SMALL_PLANS, *args],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
@@ -111,9 +111,9 @@ def test_llama_bench_calibrates_the_heads_a_taus_file_leaves_out(tiny_qwen3, tmp
 
 def test_llama_bench_refusals_say_why(tiny_qwen3, tmp_path) -> None:
     assert f"error: --scsa-taus: cannot read '{tmp_path / 'nope.json'}'" in refuses(
-        "llama-bench", tiny_qwen3, ["--sparse-attn", "scsa", "--scsa-taus", str(tmp_path / "nope.json")])
+        "llama-bench", tiny_qwen3, ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-taus", str(tmp_path / "nope.json")])
     # the library's reason reaches the user although llama-bench keeps its log quiet otherwise
-    msg = refuses("llama-bench", tiny_qwen3, ["-p", "0", "-n", "4", "-d", "64", "-ctk", "q4_0", "--sparse-attn", "scsa"])
+    msg = refuses("llama-bench", tiny_qwen3, ["-p", "0", "-n", "4", "-d", "64", "-ctk", "q4_0", "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0"])
     assert "SCSA reads the KV cache directly and needs it f16 or q8_0; this cache is K q4_0, V f16" in msg
 
 
@@ -122,7 +122,7 @@ def run_logits(model: Path, tmp_path: Path, *args: str, steps: int = 2, ctx: int
     prompt = tmp_path / "p.txt"
     prompt.write_text(prompt_text)
     return subprocess.run([str(binary("llama-sparse-logits")), "-m", str(model), "-f", str(prompt), "-c", str(ctx),
-                           "-fa", "on", "--sparse-attn", "scsa", *args, "--dump-steps", str(steps),
+                           "-fa", "on", "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", *args, "--dump-steps", str(steps),
                            "--dump-prompt-tokens", str(ctx - steps - 1), "--dump-out", str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=300)
 
 
@@ -163,7 +163,7 @@ def test_kv_type_it_cannot_read_is_refused(args: list[str], message: str, tiny_q
 
 def test_several_slots_in_one_unified_cache_refused(tiny_qwen3) -> None:
     # SCSA plans each sequence in its own KV stream: a cache shared by the slots mixes their cells
-    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_qwen3), "--sparse-attn", "scsa", "-np", "2",
+    proc = subprocess.run([str(binary("llama-server")), "-m", str(tiny_qwen3), "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "-np", "2",
                            "--kv-unified", "--port", "1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert ("--sparse-attn scsa plans each slot's sequence in a KV cache of its own, and --kv-unified shares one "
@@ -179,7 +179,7 @@ def test_several_slots_served_with_a_cache_each(tiny_qwen3, start_server) -> Non
     from llama_sparse.gates import texts
 
     server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, parallel=4, threads=2,
-                                       extra_args=["--sparse-attn", "scsa", "--scsa-calib-steps", "0",
+                                       extra_args=["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", "0",
                                                    "--scsa-rebuild-interval", "128", "--scsa-block-size", "512",
                                                    "--scsa-cluster-size", "32"]), "scsa-np4")
     text = texts.reference_text()
@@ -263,7 +263,7 @@ def test_unwritable_taus_out_refused_before_any_work(tiny_qwen3, tmp_path) -> No
     assert "cannot write the taus file" in proc.stderr
 
 
-@pytest.mark.parametrize("args", [["--sparse-attn", "scsa"], ["--sparse-attn", "on", "--sparse-attn-method", "scsa"],
+@pytest.mark.parametrize("args", [["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0"], ["--sparse-attn", "on", "--sparse-attn-method", "scsa"],
                                   ["--sparse-attn-method", "scsa", "--sparse-attn", "on"]],
                          ids=["short", "on then method", "method then on"])
 def test_the_method_flag_selects_scsa(args: list[str], tiny_qwen3, start_server) -> None:

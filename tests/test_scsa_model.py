@@ -56,9 +56,9 @@ def test_every_cluster_opened_with_exact_packing_is_dense(model_name, n_layer, n
     stream = tmp_path / "stream.bin"
     dense.tokens[:-1].astype(np.int32).tofile(stream)
     tau0 = taus_file(tmp_path / "tau0.json", n_layer, n_head, 0.0)
-    exact = dump(model, tmp_path, "scsa-tau0", [*kv, "--sparse-attn", "scsa", "--scsa-packed", packed,
+    exact = dump(model, tmp_path, "scsa-tau0", [*kv, "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-packed", packed,
                                                 "--scsa-taus", str(tau0), *SMALL_PLANS], force=stream)
-    loose = dump(model, tmp_path, "scsa-tau03", [*kv, "--sparse-attn", "scsa", "--scsa-calib-steps", "0",
+    loose = dump(model, tmp_path, "scsa-tau03", [*kv, "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", "0",
                                                  "--scsa-taus", str(taus_file(tmp_path / "t.json", n_layer, n_head, 0.3)),
                                                  *SMALL_PLANS], force=stream)
     # the noise floor: dense itself on one thread instead of two (another summation order). On
@@ -84,7 +84,7 @@ def test_every_cluster_opened_with_exact_packing_is_dense(model_name, n_layer, n
 
 def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
     out = tmp_path / "taus.json"
-    dump(tiny_qwen3, tmp_path, "calibrate", ["--sparse-attn", "scsa", "--scsa-calib-steps", "8",
+    dump(tiny_qwen3, tmp_path, "calibrate", ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", "8",
                                              "--scsa-taus-out", str(out), *SMALL_PLANS], steps=16)
     taus = json.loads(out.read_text())
     assert set(taus) == {f"{il}:{h}" for il in range(2) for h in range(8)}
@@ -93,7 +93,7 @@ def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
     assert run and int(run["calib"]) == 8 and run["state"] == "taus frozen", run
     assert int(run["exact_calls"]) == 8 * 2 * 8      # 8 steps x 2 layers x 8 heads ran exact
 
-    dump(tiny_qwen3, tmp_path, "load", ["--sparse-attn", "scsa", "--scsa-taus", str(out), *SMALL_PLANS], steps=4)
+    dump(tiny_qwen3, tmp_path, "load", ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-taus", str(out), *SMALL_PLANS], steps=4)
     run = TOOL_LINE.search((tmp_path / "load.log").read_text())
     assert run and int(run["exact_calls"]) == 0 and int(run["calib"]) == 0 and run["state"] == "taus frozen", run
 
@@ -105,7 +105,7 @@ def test_a_head_no_tau_serves_runs_exact(strict, tiny_qwen3, tmp_path) -> None:
     # flag reaches the operator): every head must freeze tau 0 (every cluster opened), never a
     # default threshold looser than the calibrated ones
     out = tmp_path / "taus.json"
-    dump(tiny_qwen3, tmp_path, "strict", ["--sparse-attn", "scsa", "--scsa-calib-steps", "4", *strict,
+    dump(tiny_qwen3, tmp_path, "strict", ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", "4", *strict,
                                           "--scsa-taus-out", str(out), *SMALL_PLANS], steps=8)
     taus = json.loads(out.read_text())
     assert len(taus) == 2 * 8 and set(taus.values()) == {0.0}, taus
@@ -122,7 +122,7 @@ def test_prompt_reusing_part_of_the_cache_replans(tiny_qwen3, start_server, tmp_
     servers = {
         "dense": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2), "dense"),
         "scsa": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2,
-                                          extra_args=["--sparse-attn", "scsa", *common]), "scsa"),
+                                          extra_args=["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", *common]), "scsa"),
     }
     first = servers["dense"].tokenize(text[:3000])[:2400]
     second = first[:600] + servers["dense"].tokenize(text[6000:9000])[:1800]
@@ -164,7 +164,7 @@ def test_memory_breakdown_counts_the_plans(tiny_qwen3, start_server) -> None:
     servers = {
         "dense": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2, extra_args=["-v"]), "dense"),
         "scsa": start_server(ServerConfig(model=tiny_qwen3, ctx_size=4096, threads=2,
-                                          extra_args=["-v", "--sparse-attn", "scsa", *SMALL_PLANS]), "scsa"),
+                                          extra_args=["-v", "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", *SMALL_PLANS]), "scsa"),
     }
     prompt = servers["dense"].tokenize(text[:16000])[:3000]
     for server in servers.values():

@@ -69,7 +69,7 @@ def test_block_method_figures_in_timings_slots_and_metrics(start_server, tiny_qw
 def test_scsa_figures_in_timings_and_metrics(start_server, tiny_qwen3: Path) -> None:
     calib_steps = 4
     server = start_server(ServerConfig(tiny_qwen3, ctx_size=4096, parallel=1, threads=2, cache_prompt=False,
-                                       extra_args=["--sparse-attn", "scsa", "--scsa-calib-steps", str(calib_steps),
+                                       extra_args=["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", str(calib_steps),
                                                    "--scsa-rebuild-interval", "128", "--scsa-block-size", "512",
                                                    "--scsa-cluster-size", "32", "--metrics"]))
     responses = [server.complete(p, n_predict=n, ignore_eos=True) for p, n in zip(_prompts(), N_PREDICT)]

@@ -295,3 +295,28 @@ def test_on_decodes_dense_below_its_minimum_and_sparse_from_it(start_server, tin
     short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert short_sparse["steps_sparse"] == 7 and short_sparse["blocks_visible"] > 0, short_sparse
     assert "dense while the visible KV" not in everywhere.read_log()
+
+
+def test_scsa_decodes_dense_below_the_minimum_and_through_its_plans_from_it(start_server, tiny_qwen3) -> None:
+    """`--sparse-attn scsa` keeps the same minimum as the block method: below 4096 visible rows a
+    step is dense (its plans are brought up to the cache's length on the first step past it), so a
+    short prompt neither loses an answer to SCSA nor calibrates its taus; the first request that
+    reaches the minimum calibrates them."""
+    from llama_sparse.gates.texts import reference_text
+    from llama_sparse.server import ServerConfig
+
+    text = reference_text()
+    short, long_ = text[:1800], text[:5000]          # about 1,700 and 4,700 tokens of the tiny model
+    scsa = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
+                                     extra_args=["--sparse-attn", "scsa", "-lv", "4"]))
+    assert "dense while the visible KV is shorter than 4096 rows" in scsa.wait_log("dense while the visible KV")
+    below = scsa.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
+    assert below["rows_visible"] == 0 and below["calibration_steps"] == 0 and not below["calibrated"], below
+    above = scsa.complete(long_, n_predict=8, ignore_eos=True)["timings"]["sparse"]
+    assert above["calibration_steps"] == 7, above    # 8 tokens: 7 decode steps, each recorded for the taus
+
+    everywhere = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
+                                           extra_args=["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "-lv", "4"]))
+    short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
+    assert short_sparse["calibration_steps"] == 7, short_sparse
+    assert "dense while the visible KV" not in everywhere.read_log()
