@@ -320,3 +320,47 @@ def test_scsa_decodes_dense_below_the_minimum_and_through_its_plans_from_it(star
     short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert short_sparse["calibration_steps"] == 7, short_sparse
     assert "dense while the visible KV" not in everywhere.read_log()
+
+
+@pytest.mark.parametrize("method", ["on", "scsa"])
+def test_a_short_request_beside_a_long_one_decodes_dense(start_server, tiny_qwen3, method) -> None:
+    """The minimum is each sequence's own: a short request decoding beside a long one (two slots,
+    a KV stream each) is dense as it is alone, though the micro-batch that would hold both
+    attends a view as long as the longer one. Before, the short request's steps were read
+    sparsely under load and densely alone."""
+    import threading
+    import time
+
+    from llama_sparse.gates.texts import reference_text
+    from llama_sparse.server import ServerConfig
+
+    text = reference_text()
+    short, long_ = text[:1800], text[20000:25000]   # about 1,700 and 4,700 tokens of the tiny model
+    server = start_server(ServerConfig(model=tiny_qwen3, ctx_size=2 * 6144, parallel=2, cache_prompt=False,
+                                       extra_args=["--sparse-attn", method, "--no-kv-unified",
+                                                   # SCSA through its plans from the first step
+                                                   *(["--scsa-calib-steps", "0"] if method == "scsa" else [])]))
+    done: dict[str, tuple[float, dict]] = {}
+
+    def ask(name: str, prompt: str, n: int) -> None:
+        resp = server.complete(prompt, n_predict=n, ignore_eos=True)
+        done[name] = (time.monotonic(), resp["timings"]["sparse"])
+
+    long_thread = threading.Thread(target=ask, args=("long", long_, 1024))
+    long_thread.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:   # the long request decoding before the short one arrives
+        slots = server.request("GET", "/slots")
+        if any(s.get("is_processing") and s.get("next_token", [{}])[0].get("n_decoded", 0) > 0 for s in slots):
+            break
+        time.sleep(0.05)
+    ask("short", short, 16)
+    long_thread.join()
+    assert done["short"][0] < done["long"][0], "the short request did not decode beside the long one"
+    short_fig, long_fig = done["short"][1], done["long"][1]
+    if method == "on":
+        assert short_fig["steps_sparse"] == 0 and short_fig["blocks_visible"] == 0, short_fig
+        assert long_fig["steps_sparse"] == 1023, long_fig
+    else:
+        assert short_fig["rows_visible"] == 0 and short_fig["rows_read"] == 0, short_fig
+        assert long_fig["rows_visible"] > 0, long_fig
