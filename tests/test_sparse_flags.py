@@ -272,29 +272,41 @@ def test_slot_layout_with_sparse_attention(tiny_qwen3, start_server, sparse: lis
     assert server.complete("hello world", n_predict=4)["tokens_predicted"] == 4
 
 
+def _short_and_long() -> tuple[str, str]:
+    """About 1,700 and 4,700 tokens of the tiny model: below the 4096-row minimum and past it."""
+    from llama_sparse.gates.texts import reference_text
+
+    text = reference_text()
+    return text[:1800], text[:5000]
+
+
+def _typed_and_everywhere(start_server, model, mode: str):
+    """A server of `--sparse-attn mode` as typed, which says its minimum at start-up, and one that
+    reads sparsely at every length (--sparse-attn-min-kv 0), which does not."""
+    from llama_sparse.server import ServerConfig
+
+    typed = start_server(ServerConfig(model=model, ctx_size=8192, cache_prompt=False,
+                                      extra_args=["--sparse-attn", mode, "-lv", "4"]))
+    assert "dense while the visible KV is shorter than 4096 rows" in typed.wait_log("dense while the visible KV")
+    everywhere = start_server(ServerConfig(model=model, ctx_size=8192, cache_prompt=False,
+                                           extra_args=["--sparse-attn", mode, "--sparse-attn-min-kv", "0", "-lv", "4"]))
+    assert "dense while the visible KV" not in everywhere.read_log()
+    return typed, everywhere
+
+
 def test_on_decodes_dense_below_its_minimum_and_sparse_from_it(start_server, tiny_qwen3) -> None:
     """`--sparse-attn on`, the switch users type, keeps the block method dense while the visible KV
     is shorter than --sparse-attn-min-kv (4096 rows): short prompts gain little from it and can
     lose an answer to it. From the minimum on it reads sparsely; --sparse-attn-min-kv 0 reads
     sparsely at every length. Each response's timings say which it was."""
-    from llama_sparse.gates.texts import reference_text
-    from llama_sparse.server import ServerConfig
-
-    text = reference_text()
-    short, long_ = text[:1800], text[:5000]          # about 1,700 and 4,700 tokens of the tiny model
-    on = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
-                                   extra_args=["--sparse-attn", "on", "-lv", "4"]))
-    assert "dense while the visible KV is shorter than 4096 rows" in on.wait_log("dense while the visible KV")
+    short, long_ = _short_and_long()
+    on, everywhere = _typed_and_everywhere(start_server, tiny_qwen3, "on")
     below = on.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert below["steps_sparse"] == 0 and below["blocks_visible"] == 0, below
     above = on.complete(long_, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert above["steps_sparse"] == 7 and above["blocks_visible"] > 0, above
-
-    everywhere = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
-                                           extra_args=["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "-lv", "4"]))
     short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert short_sparse["steps_sparse"] == 7 and short_sparse["blocks_visible"] > 0, short_sparse
-    assert "dense while the visible KV" not in everywhere.read_log()
 
 
 def test_scsa_decodes_dense_below_the_minimum_and_through_its_plans_from_it(start_server, tiny_qwen3) -> None:
@@ -302,24 +314,14 @@ def test_scsa_decodes_dense_below_the_minimum_and_through_its_plans_from_it(star
     step is dense (its plans are brought up to the cache's length on the first step past it), so a
     short prompt neither loses an answer to SCSA nor calibrates its taus; the first request that
     reaches the minimum calibrates them."""
-    from llama_sparse.gates.texts import reference_text
-    from llama_sparse.server import ServerConfig
-
-    text = reference_text()
-    short, long_ = text[:1800], text[:5000]          # about 1,700 and 4,700 tokens of the tiny model
-    scsa = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
-                                     extra_args=["--sparse-attn", "scsa", "-lv", "4"]))
-    assert "dense while the visible KV is shorter than 4096 rows" in scsa.wait_log("dense while the visible KV")
+    short, long_ = _short_and_long()
+    scsa, everywhere = _typed_and_everywhere(start_server, tiny_qwen3, "scsa")
     below = scsa.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert below["rows_visible"] == 0 and below["calibration_steps"] == 0 and not below["calibrated"], below
     above = scsa.complete(long_, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert above["calibration_steps"] == 7, above    # 8 tokens: 7 decode steps, each recorded for the taus
-
-    everywhere = start_server(ServerConfig(model=tiny_qwen3, ctx_size=8192, cache_prompt=False,
-                                           extra_args=["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "-lv", "4"]))
     short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert short_sparse["calibration_steps"] == 7, short_sparse
-    assert "dense while the visible KV" not in everywhere.read_log()
 
 
 @pytest.mark.parametrize("method", ["on", "scsa"])
