@@ -263,8 +263,8 @@ def test_unwritable_taus_out_refused_before_any_work(tiny_qwen3, tmp_path) -> No
     assert "cannot write the taus file" in proc.stderr
 
 
-@pytest.mark.parametrize("args", [["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0"], ["--sparse-attn", "on", "--sparse-attn-method", "scsa"],
-                                  ["--sparse-attn-method", "scsa", "--sparse-attn", "on"]],
+@pytest.mark.parametrize("args", [["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0"], ["--sparse-attn", "on", "--sparse-attn-method", "scsa", "--sparse-attn-min-kv", "0"],
+                                  ["--sparse-attn-method", "scsa", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"]],
                          ids=["short", "on then method", "method then on"])
 def test_the_method_flag_selects_scsa(args: list[str], tiny_qwen3, start_server) -> None:
     """--sparse-attn says when, --sparse-attn-method which; in either order they serve SCSA, as the

@@ -320,6 +320,8 @@ def test_scsa_decodes_dense_below_the_minimum_and_through_its_plans_from_it(star
     assert below["rows_visible"] == 0 and below["calibration_steps"] == 0 and not below["calibrated"], below
     above = scsa.complete(long_, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert above["calibration_steps"] == 7, above    # 8 tokens: 7 decode steps, each recorded for the taus
+    # the log's line, as the block method's, only for a request a step of which went through SCSA
+    assert len(re.findall(r"task \d+ \| scsa: decode read", scsa.wait_log("scsa: decode read"))) == 1
     short_sparse = everywhere.complete(short, n_predict=8, ignore_eos=True)["timings"]["sparse"]
     assert short_sparse["calibration_steps"] == 7, short_sparse
 
