@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from llama_sparse.errors import UserError
-from llama_sparse.tinyqwen import RandomWeights, add_byte_vocab, byte_vocab, cached, gguf_module, require_positive
+from llama_sparse.tinyqwen import (RandomWeights, add_byte_vocab, add_decoder_geometry, byte_vocab, cached, gguf_module,
+                                   require_positive)
 
 TARGET_ARCH = "gemma4"
 ASSISTANT_ARCH = "gemma4-assistant"
@@ -80,14 +81,8 @@ def _swa_pattern(n_layer: int) -> list[bool]:
 
 def _add_common_keys(w: Any, shape: TinyGemma4Shape, n_layer: int, n_embd: int, n_head: int, n_ff: int) -> None:
     """Keys the target and the assistant both carry; the attention geometry is the target's in both."""
-    w.add_context_length(shape.n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
+    add_decoder_geometry(w, n_ctx=shape.n_ctx, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
+                         n_head_kv=shape.n_head_kv, head_dim=shape.head_dim)
     w.add_key_length_swa(shape.head_dim)
     w.add_value_length_swa(shape.head_dim)
     w.add_sliding_window(shape.n_swa)

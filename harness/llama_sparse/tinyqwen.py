@@ -124,6 +124,20 @@ class RandomWeights:
         return (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
 
 
+def add_decoder_geometry(w, *, n_ctx: int, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int,
+                         head_dim: int) -> None:
+    """The keys every tiny decoder writes first, in this order (the file's bytes, and so the
+    cache's digest, follow the order)."""
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+
+
 def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
     shape.validate()
     gguf = gguf_module()
@@ -134,14 +148,8 @@ def write(path: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Path:
 
     w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_name(f"tiny-qwen3 {shape.tag}")
-    w.add_context_length(shape.n_ctx)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
+    add_decoder_geometry(w, n_ctx=shape.n_ctx, n_embd=shape.n_embd, n_layer=shape.n_layer, n_ff=shape.n_ff,
+                         n_head=shape.n_head, n_head_kv=shape.n_head_kv, head_dim=shape.head_dim)
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(0)  # all f32
