@@ -15,15 +15,13 @@ import random
 import sys
 
 import numpy as np
-from llama_sparse.python import make_params, _library, _SparseStats
+from llama_sparse.python import make_params
 import llama_cpp
 
+import teacher_forced
+
 MODEL, N_PROMPT, N_STEPS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-lib = _library()
-lib.llama_sparse_init_from_model.argtypes = [ctypes.c_void_p, llama_cpp.llama_context_params, ctypes.c_void_p]
-lib.llama_sparse_init_from_model.restype = ctypes.c_void_p
-model = llama_cpp.llama_model_load_from_file(MODEL.encode(), llama_cpp.llama_model_default_params())
-n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+lib, model, n_vocab = teacher_forced.load(MODEL)
 rng = random.Random(7)
 prompts = [[rng.randrange(n_vocab) for _ in range(N_PROMPT)] for _ in range(2)]
 forced = [[rng.randrange(n_vocab) for _ in range(5*N_STEPS)] for _ in range(2)]
@@ -44,23 +42,10 @@ SAMPLED = 1  # the sequence given a backend sampler in the third run
 
 
 def decode(ctx, entries, sampled_seq=None):  # entries: (token, pos, seq, output)
-    batch = llama_cpp.llama_batch_init(len(entries), 0, 2)
-    for i, (tok, pos, seq, out) in enumerate(entries):
-        batch.token[i] = tok; batch.pos[i] = pos; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = seq; batch.logits[i] = out
-    batch.n_tokens = len(entries)
-    rc = llama_cpp.llama_decode(ctx, batch)
-    assert rc == 0, rc
-    # a backend-sampled sequence's row is its sampled token (its raw logits may not reach the host)
-    rows = [(np.array([llama_cpp.llama_get_sampled_token_ith(ctx, i)], dtype=np.float32) if e[2] == sampled_seq else
-             np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()) if e[3] else None
-            for i, e in enumerate(entries)]
-    llama_cpp.llama_batch_free(batch)
-    return rows
+    return teacher_forced.decode(ctx, entries, n_vocab, 2, sampled_seq)
 
 def rechecked(ctx, seq):
-    st = _SparseStats()
-    assert lib.llama_sparse_get_stats(ctx, seq, ctypes.byref(st), False)
-    return st.steps_rechecked, st.steps_sparse
+    return teacher_forced.rechecked(lib, ctx, seq)
 
 def prefill(ctx, seq):
     toks = prompts[seq]

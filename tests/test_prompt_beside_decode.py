@@ -69,17 +69,17 @@ class DecodingRequest:
         self.marked = True
 
 
-def alone_and_beside_a_decoding_slot(server: ServerProcess, prompt: str | list[int], other_prompt: str):
+def alone_and_beside_a_decoding_slot(server: ServerProcess, prompt: str | list[int], other_prompt: str, **params):
     """The same request (slot 1) alone, then while slot 0 streams a long answer: both responses,
     both timing records, and how many of slot 0's tokens arrived during the second request."""
-    alone = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False)
+    alone = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False, **params)
     alone_rec = timings.from_response(alone)
 
     other = DecodingRequest(server, other_prompt)
     other.thread.start()
     assert other.decoding.wait(timeout=300) and other.error is None, other.error
     other.mark()
-    loaded = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False)
+    loaded = server.complete(prompt, n_predict=N_PREDICT, ignore_eos=True, id_slot=1, cache_prompt=False, **params)
     overlap = other.tokens_after_mark
     other.stop.set()
     other.thread.join(timeout=120)
@@ -134,3 +134,29 @@ def test_prompt_beside_a_decoding_slot_in_a_unified_cache(start_server, smollm2:
     alone, _, loaded, _, _ = alone_and_beside_a_decoding_slot(server, text[:6000], text[30000:31000])
     assert loaded["timings"]["prompt_n"] == alone["timings"]["prompt_n"]
     assert server.request("GET", "/health")["status"] == "ok"
+
+
+def test_a_prompt_cut_under_load_where_it_is_cut_alone_gets_alones_logits(start_server, smollm2: Path) -> None:
+    """At -b 560 -ub 512 a prompt evaluated alone goes in batches of 560 tokens, micro-batches of
+    512 and 48; the 48 rows are under the CPU flash attention's 64-row tile, so they take its
+    one-row path. Beside a decoding slot the batch has room for 559, and the prompt used to be cut
+    there: the token at 559 then went into a micro-batch of 512 (the tiled path), its keys and
+    values in the cache other bits than alone's, and every later step's logits with them. The
+    server now cuts a prompt under load only where it is cut alone, so the request's top
+    log-probabilities at every step are alone's, bit for bit."""
+    server = start_server(ServerConfig(model=smollm2, ctx_size=8192, parallel=2, cache_prompt=False,
+                                       batch_size=560, ubatch_size=512,
+                                       extra_args=["--no-kv-unified", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"]))
+    text = reference_text()
+    tokens = server.tokenize(text[:9000])[:1500]
+    assert len(tokens) == 1500
+    params = {"n_probs": 4, "post_sampling_probs": False}
+
+    def top_logprobs(response: dict) -> list[list[tuple[int, float]]]:
+        return [[(p["id"], p["logprob"]) for p in step["top_logprobs"]] for step in response["completion_probabilities"]]
+
+    alone, _, loaded, _, overlap = alone_and_beside_a_decoding_slot(server, tokens, text[30000:31000], **params)
+    assert alone["timings"]["prompt_n"] == loaded["timings"]["prompt_n"] == len(tokens)
+    assert top_logprobs(loaded) == top_logprobs(alone), (
+        f"beside a decoding slot ({overlap} of its tokens during the request) the request's top log-probabilities "
+        "differ from alone's: its prompt was cut elsewhere than alone")

@@ -233,6 +233,43 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _report_exit(run.ctx, table=run.summary())
 
 
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from llama_sparse import estimate, results
+
+    project = Project.find()
+    results_dir = project.root / "docs" / "results"
+    paths = args.calibration or [results.current(results_dir, g).markdown.with_suffix(".json")
+                                 for g in estimate.DEFAULT_CALIBRATION]
+    reports = [estimate.read_report(Path(p)) for p in paths]
+    limit = estimate.parse_context(args.fit_up_to) if args.fit_up_to else None
+    if limit:
+        reports = [dataclasses.replace(r, points=[p for p in r.points if p.n_ctx <= limit]) for r in reports]
+    costs = estimate.calibrate(reports)
+    print(estimate.describe(costs))
+    if args.check:
+        for path in [*paths, *(args.check_against or [])]:
+            report = estimate.read_report(Path(path))
+            if report.model not in estimate.GATE_MODELS:
+                raise UserError(f"estimate: {path} measured {report.model}, whose shape is not known here")
+            table, worst = estimate.error_table(costs, estimate.GATE_MODELS[report.model], report.points, limit)
+            print(f"\n{Path(path).name} ({report.model}, {report.machine}): largest error {worst:.0%}\n{table}")
+        return 0
+    if args.model in estimate.PRESETS:
+        shapes = [estimate.PRESETS[args.model]]
+    elif args.model:
+        shapes = [estimate.shape_from_gguf(Path(args.model))]
+    else:
+        shapes = list(estimate.PRESETS.values())
+    contexts = [estimate.parse_context(c) for c in args.context.split(",")]
+    rows = [estimate.estimate(costs, shape, n, cache, args.read_fraction, args.min_kv)
+            for shape in shapes for n in contexts for cache in (args.cache_type_k or ["f16", "q8_0"])]
+    print()
+    print(estimate.format_table(rows))
+    print(f"\nthe block method reading {args.read_fraction:.0%} of the blocks (its ceiling; the tolerance reads fewer "
+          f"where attention is concentrated); SCSA at the share of dense's attention it measured")
+    return 0
+
+
 def _cmd_results(args: argparse.Namespace) -> int:
     from llama_sparse import results
 
@@ -316,6 +353,27 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, help="needles per task and context (default: 4, or 8 with --full)")
     p.add_argument("--out", help="results folder (default: results/)")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("estimate", help="the decode speed-up to expect for a model (its GGUF header) at a context, "
+                                        "from per-step costs measured by the A/B gates")
+    p.add_argument("--model", help="a .gguf file, or one of Llama-3.1-8B, Qwen2.5-7B, Gemma-3-12B (default: all three)")
+    p.add_argument("--context", default="8k,32k,128k", help="tokens, comma-separated (default: 8k,32k,128k)")
+    p.add_argument("--cache-type-k", action="append", choices=sorted(("f16", "q8_0")),
+                   help="KV cache type (repeatable; default: f16 and q8_0)")
+    p.add_argument("--read-fraction", type=float, default=0.25,
+                   help="the share of blocks the block method reads (default: its ceiling, 0.25)")
+    p.add_argument("--min-kv", type=int, default=4096, help="--sparse-attn-min-kv (default 4096)")
+    p.add_argument("--calibration", action="append", metavar="REPORT.json",
+                   help="an ab report's JSON to fit the costs on (repeatable; default: the current "
+                        "crossover-smollm2 and ab-defaults reports in docs/results)")
+    p.add_argument("--check", action="store_true",
+                   help="print each calibration point beside its estimate, and those of --check-against")
+    p.add_argument("--check-against", action="append", metavar="REPORT.json",
+                   help="another ab report to check the estimate against (repeatable)")
+    p.add_argument("--fit-up-to", metavar="TOKENS",
+                   help="fit on the points at or below this context only (--check then shows the longer ones "
+                        "as a test of the extrapolation)")
+    p.set_defaults(func=_cmd_estimate)
 
     p = sub.add_parser("results", help="docs/results: publish a run as its gate's current report, the index, "
                                        "the README's table (check: both agree with the reports)")

@@ -186,7 +186,11 @@ def answer(ctx: GateContext, arm: Arm, model: str, n_ctx: int, cache: str, n_pre
                 # the runner-up probabilities need the logits on the host: llama-server then samples
                 # a backend_sampling request on the CPU, so that request goes without them
                 probs = {} if params.get("backend_sampling") else {"n_probs": N_PROBS}
-                resp = server.complete(s.prompt, n_predict=n, **probs, **params)
+                # a mix compares each request with itself alone: without the prompt cache both
+                # evaluate its whole prompt (a prefix cached from the slot's last request starts
+                # the evaluation elsewhere, and a row's bits depend on its micro-batch)
+                cache = {"cache_prompt": False} if ctx.spec.mix else {}
+                resp = server.complete(s.prompt, n_predict=n, **probs, **params, **cache)
                 task.advance()
                 rec = sample_record(s, resp.get("content", ""), margin=decisive_margin(resp, s.values))
                 if ctx.spec.mix:
