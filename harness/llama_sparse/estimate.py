@@ -8,8 +8,7 @@ A decode step costs three things that scale differently with the model and the c
 - attention, per layer over every key it reads: a fixed amount of work per key row of a KV head
   (reading and converting it, its mask) and, per query head, a dot product over the key's values
   and an add of the value's: `keys * (a0 * n_head_kv + a1 * n_head * (head_dim_k + head_dim_v))`,
-  with its own a0, a1 per cache type (a cost per query head instead fits Gemma 3's 16K-32K points
-  15-20% worse than this one);
+  with its own a0, a1 per cache type;
 - the block method's selection: the key sketch scores every key against every query head,
   `keys * (s0 * n_head_kv + s1 * n_head * head_dim_k)`, whatever the fraction it then reads.
 
@@ -165,7 +164,6 @@ class Estimate:
     dense_ms: float
     block_ms: float
     scsa_ms: float | None
-    read_fraction: float
 
     @property
     def block_speedup(self) -> float:
@@ -200,7 +198,7 @@ def estimate(costs: Costs, shape: ModelShape, n_ctx: int, cache_type: str = "f16
         share = costs.scsa_share.get(cache_type)
         scsa = t_local + share * g.attention(costs.dense[cache_type]) if share is not None else None
     return Estimate(shape.name, n_ctx, cache_type, dense * 1e3, block * 1e3,
-                    scsa * 1e3 if scsa is not None else None, read_fraction)
+                    scsa * 1e3 if scsa is not None else None)
 
 
 # ---------------------------------------------------------------------------------------------
