@@ -178,7 +178,7 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": "yes"}, "shared_prefill: must be true or false"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "shared_prefill": True, "batch": [1, 4]},
      "shared_prefill: the arms answer one prompt at a time"),
-    ({"shared_prefill": True}, "shared_prefill: applies to kind niah or frontier only"),
+    ({"kind": "load", "repeats": 1, "thresholds": {}, "shared_prefill": True}, "shared_prefill: applies to kind"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "samples": 8, "only_samples": [3, 8]},
      "only_samples: [8] outside the 8 samples (indices 0 to 7)"),
     ({"kind": "niah", "repeats": 1, "thresholds": {}, "only_samples": [-1]}, "is not a sample index"),

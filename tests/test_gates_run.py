@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -96,21 +97,23 @@ arms:
     assert ctx.report.results[0].samples[0]["logits_bit_identical"] is False
 
 
-def test_ab_gate_reports_ratio_and_files(tmp_path: Path) -> None:
-    ctx = gate(tmp_path, """
+# an A/B on the tiny model; its sparse arm reads a quarter of the blocks at every length and never
+# computes a step again (a random model's steps are all in doubt, and each would read every block)
+AB_TINY = """
 kind: ab
 models: [tiny-qwen3]
 context_lengths: [2048]
 repeats: 5
 n_predict: 16
-arms:
-  - dense
-  - {name: dense-again}
-  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-coverage, "0.25", --sparse-attn-recheck, "0"]}
-""")
+"""
+AB_SPARSE_ARM = """  - {name: sparse, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-coverage, "0.25", --sparse-attn-recheck, "0"]}
+"""
+
+
+def test_ab_gate_reports_ratio_and_files(tmp_path: Path) -> None:
+    ctx = gate(tmp_path, AB_TINY + "arms:\n  - dense\n  - {name: dense-again}\n" + AB_SPARSE_ARM)
     dense, again, sparse = ctx.report.results
-    # the server log says how much of the KV the sparse decode read: about the coverage (no step
-    # computed again: a random model's steps are all in doubt, and each would read every block)
+    # the server log says how much of the KV the sparse decode read: about the coverage
     assert 0.2 <= sparse.metrics["read_fraction"] <= 0.45, sparse.metrics
     assert sparse.metrics["rechecked_fraction"] == 0.0, sparse.metrics
     assert "read_fraction" not in dense.metrics
@@ -121,6 +124,22 @@ arms:
     assert len(again.samples) == 5
     for name in ("report.json", "report.md", "plot.png"):
         assert (ctx.out_dir / name).is_file()
+
+
+def test_ab_gate_with_shared_prefill_restores_the_first_arms_prompt(tmp_path: Path) -> None:
+    """Only the first arm prefills; the others restore its slot and evaluate the last token or so.
+    The context part of each step is measured against dense's at depth 16."""
+    ctx = gate(tmp_path, AB_TINY + "shared_prefill: true\narms:\n  - dense\n" + AB_SPARSE_ARM)
+    dense, sparse = ctx.report.results
+    assert dense.error is None and sparse.error is None
+    warm = [r["prompt_tokens_evaluated"][0] for r in (dense.samples[0], sparse.samples[0])]
+    assert all(w <= MAX_REUSED_TAIL for w in warm), warm  # the timed rounds reuse the prompt too
+    # the sparse server's first request evaluated one prompt token: the rest came from the slot
+    sparse_log = next((ctx.out_dir / "logs").glob("ab-sparse-*.log")).read_text()
+    first_eval = re.search(r"prompt eval time = .*/\s*(\d+) tokens", sparse_log)
+    assert first_eval and int(first_eval.group(1)) <= MAX_REUSED_TAIL, sparse_log[-3000:]
+    assert dense.metrics["context_ratio"] == 1.0 and sparse.metrics["context_ms"] > 0
+    assert not list((ctx.out_dir / "slots").glob("*.bin"))  # the shared slot is removed
 
 
 def test_dead_server_is_an_arm_error_not_a_score(tmp_path: Path) -> None:

@@ -410,7 +410,7 @@ GATE_MODELS = {
 }
 
 # the reports the costs come from by default: the current ones of these gates in docs/results
-DEFAULT_CALIBRATION = ("crossover-smollm2", "ab-defaults", "cost-curve-gemma3")
+DEFAULT_CALIBRATION = ("crossover-smollm2", "ab-defaults", "cost-curve-smollm2", "cost-curve-gemma3")
 
 
 def calibrate(reports: list[Report]) -> Costs:

@@ -30,6 +30,10 @@ from llama_sparse.gates.schema import Arm, Kind, Threshold
 from llama_sparse.server import ServerProcess
 
 DEPTH0_TOKENS = 16
+# shared_prefill: the slot the first arm saves after its prefill, and what another arm may
+# evaluate after restoring it (the server evaluates the prompt's last token again)
+SHARED_SLOT_FILE = "ab-shared-prefill.bin"
+MAX_REUSED_TAIL = 16
 
 
 def bound(coverage: float, t0_ms: float, tfull_ms: float) -> float:
@@ -94,19 +98,36 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
     with ExitStack() as stack:
         servers: dict[str, ServerProcess] = {}
         prompt: list[int] | None = None
+        slots = ctx.out_dir / "slots"
+        saved = False
         for arm in arms:
             try:
                 # the decode steps end at depth n_ctx: models are served at most at their
                 # training context, so "8K" on an 8K model must fit prompt and answer in 8192
                 cfg = ctx.server_config(arm, model, batch * n_ctx, cache, parallel=batch)
+                if spec.shared_prefill:
+                    # --swa-full: a sliding-window model keeps its SWA layers whole, so that a slot
+                    # restored with an answer past the prompt can still reuse the prompt
+                    slots.mkdir(parents=True, exist_ok=True)
+                    cfg.extra_args += ["--slot-save-path", f"{slots}/", "--swa-full"]
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
                 if prompt is None:
                     prompt = prompt_tokens(server, n_ctx - n_predict - 1, spec.prompt_text)
-                decode_round(server, prompt, batch, warmup_tokens(arm))  # prefill once; later rounds reuse it
+                if saved:
+                    server.request("POST", "/slots/0?action=restore", json={"filename": SHARED_SLOT_FILE})
+                warm = decode_round(server, prompt, batch, warmup_tokens(arm))  # prefill once; later rounds reuse it
+                if saved and max(warm["prompt_tokens_evaluated"]) > MAX_REUSED_TAIL:
+                    raise ArmError(f"arm {arm.name}: the restored prefill was not reused "
+                                   f"({max(warm['prompt_tokens_evaluated'])} prompt tokens evaluated)")
+                if spec.shared_prefill and not saved:
+                    server.request("POST", "/slots/0?action=save", json={"filename": SHARED_SLOT_FILE})
+                    saved = True
                 servers[arm.name] = server
             except ArmError as e:
                 results[arm.name].fail(str(e))
             task.advance()
+        if saved:
+            (slots / SHARED_SLOT_FILE).unlink(missing_ok=True)
         rounds: dict[str, list[dict]] = {a.name: [] for a in arms}
         for r in range(spec.repeats):
             for arm in arms:
@@ -118,9 +139,10 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
                     results[arm.name].fail(str(e))
                     servers.pop(arm.name).stop()
                 task.advance()
-        # t_0: dense decode step time at (almost) no depth, for the bound column.
+        # t_0: dense decode step time at (almost) no depth, for the bound column and the time a
+        # step spends on its context
         t0_ms = None
-        if dense.name in servers and any(a.coverage for a in arms):
+        if dense.name in servers:
             short = [dense_round["ms_per_token"] for dense_round in
                      (decode_round(servers[dense.name], prompt[:DEPTH0_TOKENS], 1, n_predict) for _ in range(3))]
             t0_ms = statistics.median(short)
@@ -144,6 +166,14 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
         if len(dense_rounds) == len(tps) and results[dense.name].error is None:
             ratios = [x["tps"] / d["tps"] for x, d in zip(rounds[arm.name], dense_rounds)]
             res.metrics.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+            if t0_ms:
+                # the part of a step that grows with the context: attention, the selection and
+                # the steps computed again, over the same part of dense's step
+                ms = statistics.median(x["ms_per_token"] for x in rounds[arm.name])
+                dense_ms = statistics.median(d["ms_per_token"] for d in dense_rounds)
+                res.metrics.update(context_ms=ms - t0_ms)
+                if ms - t0_ms > 0 and dense_ms - t0_ms > 0:
+                    res.metrics.update(context_ratio=(dense_ms - t0_ms) / (ms - t0_ms))
             if arm.coverage and t0_ms:
                 tfull = statistics.median(d["ms_per_token"] for d in dense_rounds)
                 b = bound(arm.coverage, t0_ms, tfull)
@@ -173,7 +203,7 @@ def run(ctx: GateContext) -> None:
 
 
 KIND = Kind(
-    "ab", run, keys=("repeats", "batch", "prompt_text"),
+    "ab", run, keys=("repeats", "batch", "prompt_text", "shared_prefill"),
     # two identical dense arms differ by up to 10% in decode speed with 2 repeats
     min_repeats=5,
     thresholds={

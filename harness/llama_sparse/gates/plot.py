@@ -39,7 +39,10 @@ def plot(report: GateReport, path: Path) -> Path | None:
     # a cost curve (speed at several contexts): tokens/s themselves, with the bound of each point
     tps = [r for r in ok if _finite(r.metrics.get("decode_tps_median"))]
     tps = tps if len({r.context for r in tps}) > 1 else []
-    panels = [p for p in (("tps", tps), ("ratio", ratio), ("niah", niah)) if p[1]]
+    # and on a cost curve, the part of a step that grows with the context (context_ms), log-log:
+    # dense's doubles with the context, a flat line is a step that stopped growing
+    context = [r for r in tps if _finite(r.metrics.get("context_ms")) and r.metrics["context_ms"] > 0]
+    panels = [p for p in (("tps", tps), ("context", context), ("ratio", ratio), ("niah", niah)) if p[1]]
     if not panels:
         return None
 
@@ -73,9 +76,15 @@ def plot(report: GateReport, path: Path) -> Path | None:
                 if bounded:
                     ax.plot(*zip(*bounded), linestyle=":", marker=".", color=line.get_color(),
                             label=f"{label}: bound of its coverage")
+            elif what == "context":
+                ax.plot(xs, [r.metrics["context_ms"] for r in points], marker="o", label=label)
             else:
                 ax.plot(xs, [r.metrics["niah"] for r in points], marker="o", label=label)
-        if what == "tps":
+        if what == "context":
+            ax.set_yscale("log")
+            ax.set_ylabel("ms per token less dense's at depth 16 (median)")
+            ax.set_title("the part of a step that grows with the context")
+        elif what == "tps":
             ax.set_ylim(bottom=0)
             ax.set_ylabel("decode tokens/s (median)")
             ax.set_title("decode speed against context")

@@ -95,7 +95,7 @@ class GateSpec:
     calibration_samples: int = 0                # niah only: unscored needle prompts (their own keys,
                                                 # values and depths) each arm answers first, so that
                                                 # SCSA calibrates on answers that retrieve
-    shared_prefill: bool = False                # niah only: each prompt prefilled once, by the first
+    shared_prefill: bool = False                # niah, ab: each prompt prefilled once, by the first
                                                 # arm; every other arm restores that slot and decodes
     stagger: float = 0.0                        # niah only, batch > 1: seconds between request arrivals
                                                 # (each on its own client), answer lengths varied
