@@ -25,15 +25,12 @@ from llama_sparse.errors import ArmError, UserError
 from llama_sparse.gates import niah, texts
 from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.flags import scsa_calibration_steps
+from llama_sparse.gates.needles import MAX_REUSED_TAIL, SLOT_FILE, shared_slot_args
 from llama_sparse.gates.report import ArmResult
 from llama_sparse.gates.schema import Arm, Kind, Threshold
 from llama_sparse.server import ServerProcess
 
 DEPTH0_TOKENS = 16
-# shared_prefill: the slot the first arm saves after its prefill, and what another arm may
-# evaluate after restoring it (the server evaluates the prompt's last token again)
-SHARED_SLOT_FILE = "ab-shared-prefill.bin"
-MAX_REUSED_TAIL = 16
 
 
 def bound(coverage: float, t0_ms: float, tfull_ms: float) -> float:
@@ -106,28 +103,25 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
                 # training context, so "8K" on an 8K model must fit prompt and answer in 8192
                 cfg = ctx.server_config(arm, model, batch * n_ctx, cache, parallel=batch)
                 if spec.shared_prefill:
-                    # --swa-full: a sliding-window model keeps its SWA layers whole, so that a slot
-                    # restored with an answer past the prompt can still reuse the prompt
-                    slots.mkdir(parents=True, exist_ok=True)
-                    cfg.extra_args += ["--slot-save-path", f"{slots}/", "--swa-full"]
+                    cfg.extra_args += shared_slot_args(slots)
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("ab", arm.name, model, n_ctx, cache, f"B{batch}")))
                 if prompt is None:
                     prompt = prompt_tokens(server, n_ctx - n_predict - 1, spec.prompt_text)
                 if saved:
-                    server.request("POST", "/slots/0?action=restore", json={"filename": SHARED_SLOT_FILE})
+                    server.request("POST", "/slots/0?action=restore", json={"filename": SLOT_FILE})
                 warm = decode_round(server, prompt, batch, warmup_tokens(arm))  # prefill once; later rounds reuse it
                 if saved and max(warm["prompt_tokens_evaluated"]) > MAX_REUSED_TAIL:
                     raise ArmError(f"arm {arm.name}: the restored prefill was not reused "
                                    f"({max(warm['prompt_tokens_evaluated'])} prompt tokens evaluated)")
                 if spec.shared_prefill and not saved:
-                    server.request("POST", "/slots/0?action=save", json={"filename": SHARED_SLOT_FILE})
+                    server.request("POST", "/slots/0?action=save", json={"filename": SLOT_FILE})
                     saved = True
                 servers[arm.name] = server
             except ArmError as e:
                 results[arm.name].fail(str(e))
             task.advance()
         if saved:
-            (slots / SHARED_SLOT_FILE).unlink(missing_ok=True)
+            (slots / SLOT_FILE).unlink(missing_ok=True)
         rounds: dict[str, list[dict]] = {a.name: [] for a in arms}
         for r in range(spec.repeats):
             for arm in arms:

@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict
+from pathlib import Path
 
 from llama_sparse import timings
 from llama_sparse.errors import ArmError
@@ -224,6 +225,16 @@ SLOT_FILE = "shared-prefill.bin"
 MAX_REUSED_TAIL = 16  # tokens an arm may evaluate after restoring the shared slot (the server re-reads the last)
 
 
+def shared_slot_args(slots: Path) -> list[str]:
+    """The server flags of an arm that saves or restores the shared slot in `slots`.
+    --swa-full: a sliding-window model (Gemma 3) otherwise keeps only the last window of its SWA
+    layers, and the slot restored from the first arm's state (prompt and answer) could not reuse
+    the prompt once the answer is cut: llama-server would prefill it again. A full SWA cache
+    changes no output (the mask is the same)."""
+    slots.mkdir(parents=True, exist_ok=True)
+    return ["--slot-save-path", f"{slots}/", "--swa-full"]
+
+
 def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cache: str, n_predict: int,
                   samples: list[niah.NiahSample],
                   calibration: list[niah.NiahSample] | None = None) -> list[ArmResult]:
@@ -250,11 +261,7 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
         for arm, result in zip(arms, results):
             try:
                 cfg = ctx.server_config(arm, model, server_ctx(n_ctx, n_predict), cache)
-                # --swa-full: a sliding-window model (Gemma 3) otherwise keeps only the last window
-                # of its SWA layers, and the slot restored from the first arm's state (prompt and
-                # answer) could not reuse the prompt once the answer is cut: llama-server would
-                # prefill it again. A full SWA cache changes no output (the mask is the same)
-                cfg.extra_args += ["--slot-save-path", f"{slots}/", "--swa-full"]
+                cfg.extra_args += shared_slot_args(slots)
                 server = stack.enter_context(ServerProcess(cfg, ctx.log_path("niah", arm.name, model, n_ctx, cache, "shared")))
                 if calibration:
                     result.calibration = calibrate(server, arm, calibration, n_predict)
