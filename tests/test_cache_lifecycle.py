@@ -233,3 +233,26 @@ def test_scsa_plans_follow_two_sequences_through_every_cache_operation(tiny_qwen
         assert dense[name]["argmax"] == scsa[name]["argmax"], f"{name}: tau-0 SCSA chose other tokens than dense"
     diff = np.abs(a - b).max(axis=1)
     assert diff.max() < 0.02, f"step {int(diff.argmax())}: logits differ by {diff.max()}"
+
+
+def test_select_all_sparse_prefill_equals_dense_through_every_cache_operation(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """A sparse prefill that selects every block (--sparse-prefill on, coverage 1, tolerance 0,
+    decode dense) is dense's prefill bit for bit, through every cache operation; the block
+    method's state it keeps for the prompts follows them all."""
+    dense = cachecheck(tiny_qwen3, tmp_path, "--sparse-attn", "off")
+    select_all = cachecheck(tiny_qwen3, tmp_path, "--sparse-prefill", "on", "--sparse-attn-min-kv", "0",
+                            "--sparse-prefill-coverage", "1", "--sparse-prefill-tolerance", "0")
+    for name in SCENARIOS:
+        assert dense[name]["steps"] == select_all[name]["steps"], f"{name}: select-all prefill logits differ from dense"
+    assert_bounds_exact(select_all)
+
+
+def test_sparse_prefill_leaves_the_decode_state_exact(smollm2: Path, tmp_path: Path) -> None:
+    """Prompts read at a tenth of their blocks and sparse decode after them: the bounds, block
+    statistics and sketch the decode steps read hold every key of the cache and no other, after
+    every operation; and the prompts did read sparsely (their logits are not dense's)."""
+    flags = ("--sparse-attn", "on", "--sparse-attn-min-kv", "0")
+    run = cachecheck(smollm2, tmp_path, *flags, "--sparse-prefill", "on")
+    assert_bounds_exact(run)
+    decode_only = cachecheck(smollm2, tmp_path, *flags)
+    assert any(run[n]["steps"] != decode_only[n]["steps"] for n in SCENARIOS), "the prefill read every block"

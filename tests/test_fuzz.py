@@ -42,6 +42,8 @@ def test_fuzz_under_sanitizers(project) -> None:
     # several streams with one query each, every stream also run alone: a stream's selection and
     # sparse attention must be its bits alone (before the fix, several streams took the one-row
     # path and one stream the split path: 5 of 32 such cases of seed 7 differed)
+    # a sixth are a prompt's rows (block-sparse prefill): scored rows and the rows that follow them
+    assert int(summary.split("prompt rows ")[1].split(";")[0]) >= 25, summary
     streams = int(summary.split("streams against alone ")[1].split(";")[0])
     assert streams >= 40, summary
     # the cases built for one property each ran (a failed one fails the run above): the key sketch

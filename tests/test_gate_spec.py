@@ -198,7 +198,7 @@ BASE = {"kind": "ab", "models": ["smollm2-135m"], "context_lengths": [1024], "ar
     ({"mix": ["greedy"]}, "mix: applies to kind niah only"),
     ({"speed_context": 8192}, "speed_context: applies to kind frontier only"),
     ({"prompt_text": "poetry"}, "prompt_text: must be one of reference, prose, not 'poetry'"),
-    ({"kind": "niah", "repeats": 1, "thresholds": {}, "prompt_text": "prose"}, "prompt_text: applies to kind ab only"),
+    ({"kind": "niah", "repeats": 1, "thresholds": {}, "prompt_text": "prose"}, "prompt_text: applies to kind ab or ttft only"),
     ({"kind": "frontier", "arms": ["dense", "b"], "thresholds": {}, "speed_context": "fast"},
      "speed_context: must be a positive token count"),
     ({"kind": "frontier", "arms": ["dense"], "thresholds": {}}, "arms: kind frontier needs at least 2 arms"),
@@ -336,8 +336,9 @@ def test_every_gate_in_the_repository_loads() -> None:
     specs = {s.name: s for s in discover(GATES_DIR)}
     assert len(specs) == len(files)
     assert specs["identity"].kind == "identity"
-    assert [a.variant for a in specs["identity"].arms] == ["upstream", "patched", "patched"]
+    assert [a.variant for a in specs["identity"].arms] == ["upstream", "patched", "patched", "patched"]
     assert specs["identity"].arms[2].sparse  # the select-all anchor
+    assert specs["identity"].arms[3].sparse  # the select-all prefill anchor
     assert specs["niah"].thresholds == {"min_score": 1.0} and specs["niah"].n_predict == 128
     assert specs["ab"].repeats >= 5 and specs["ab"].context_lengths == (2048, 4096, 8192)
     assert [a.name for a in specs["logits"].arms] == ["dense", "dense-again"]

@@ -34,9 +34,11 @@ arms:
   - {name: upstream, variant: upstream}
   - {name: patched}
   - {name: anchor, flags: [--sparse-attn, "on", --sparse-attn-min-kv, "0", --sparse-attn-topk, "1048576"]}
+  - name: prefill-anchor
+    flags: [--sparse-prefill, "on", --sparse-attn-min-kv, "0", --sparse-prefill-coverage, "1", --sparse-prefill-tolerance, "0"]
 """)
     assert ctx.report.verdict() is True
-    assert [r.metrics["diff_prompts"] for r in ctx.report.results] == [0.0] * 4
+    assert [r.metrics["diff_prompts"] for r in ctx.report.results] == [0.0] * 6
     data = json.loads((ctx.out_dir / "report.json").read_text())
     assert data["builds"]["patched"]["llama_sparse"].startswith("llama-sparse")
     # the anchor arm really ran the selection (and kept every block); the off arm counted nothing
@@ -44,6 +46,10 @@ arms:
     assert anchor_logs and all("sparse attention: decode read 100.0% of the visible KV blocks" in p.read_text()
                                for p in anchor_logs)
     assert all("sparse attention:" not in p.read_text() for p in (ctx.out_dir / "logs").glob("server-patched-*.log"))
+    # the select-all prefill arm read every prompt row's blocks through the prompt selection
+    prefill_logs = list((ctx.out_dir / "logs").glob("server-prefill-anchor-*.log"))
+    assert prefill_logs and all("sparse prefill: the prompt read 100.0% of the visible KV blocks" in p.read_text()
+                                for p in prefill_logs)
     assert data["builds"]["upstream"]["llama_sparse"] is None
 
 
@@ -140,6 +146,37 @@ def test_ab_gate_with_shared_prefill_restores_the_first_arms_prompt(tmp_path: Pa
     assert first_eval and int(first_eval.group(1)) <= MAX_REUSED_TAIL, sparse_log[-3000:]
     assert dense.metrics["context_ratio"] == 1.0 and sparse.metrics["context_ms"] > 0
     assert not list((ctx.out_dir / "slots").glob("*.bin"))  # the shared slot is removed
+
+
+def test_ttft_gate_times_whole_prefills_and_select_all_prefill_is_dense(tmp_path: Path) -> None:
+    """Every repeat evaluates the whole prompt; a sparse prefill that selects every block gives
+    dense's tokens exactly (its attention is dense's, bit for bit), one that reads a tenth does not
+    have to; dense's attention share is measured."""
+    prefill = '[--sparse-prefill, "on", --sparse-attn-min-kv, "0"'
+    ctx = gate(tmp_path, f"""
+kind: ttft
+models: [tiny-qwen3]
+context_lengths: [2048]
+repeats: 2
+n_predict: 8
+arms:
+  - dense
+  - {{name: select-all, flags: {prefill}, --sparse-prefill-coverage, "1", --sparse-prefill-tolerance, "0"]}}
+  - {{name: tenth, flags: {prefill}, --sparse-prefill-coverage, "0.1"]}}
+""")
+    dense, select_all, tenth = ctx.report.results
+    assert all(r.error is None for r in ctx.report.results), [r.error for r in ctx.report.results]
+    for res in ctx.report.results:
+        assert [s["prompt_tokens"] for s in res.samples] == [2048 - 8 - 1] * 2
+        assert all(s["prompt_ms"] > 0 for s in res.samples)
+    assert dense.metrics["ratio_median"] == 1.0 and 0.0 <= dense.metrics["attention_share"] < 1.0
+    assert select_all.metrics["agree_tokens_min"] == 8, select_all.metrics
+    assert tenth.metrics["ratio_median"] > 0 and "e2e_ratio_median" in tenth.metrics
+    # what the prompts' rows read, from each response's timings: all of it, or at most a tenth
+    # and the rows' own recent blocks
+    assert select_all.metrics["prefill_read_fraction"] == 1.0, select_all.metrics
+    assert 0.0 < tenth.metrics["prefill_read_fraction"] < 0.5, tenth.metrics
+    assert "prefill_read_fraction" not in dense.metrics
 
 
 def test_dead_server_is_an_arm_error_not_a_score(tmp_path: Path) -> None:

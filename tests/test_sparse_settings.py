@@ -68,7 +68,7 @@ def test_the_table_names_every_setting_once() -> None:
     flags = [r["flag"] for r in rows]
     assert len(flags) == len(set(flags)) and len({r["env"] for r in rows}) == len(rows)
     for r in rows:
-        assert r["flag"].startswith(("--sparse-attn", "--scsa-")), r
+        assert r["flag"].startswith(("--sparse-attn", "--sparse-prefill", "--scsa-")), r
         assert r["env"].startswith("LLAMA_SPARSE_"), r
         # the accepted values, and the default where there is one, end every help
         assert re.search(re.escape(f" ({r['accepted']}") + r"(; default: [^;]+)?\)$", r["help"]), r
@@ -79,6 +79,8 @@ def test_the_table_names_every_setting_once() -> None:
     assert "default: 32)" in by_flag["--sparse-attn-block-size"]["help"]
     assert "default: 0.0125)" in by_flag["--scsa-tolerance"]["help"]
     assert by_flag["--scsa-hierarchical"]["value_hint"] is None   # a switch
+    assert "(off, on or auto; default: off)" in by_flag["--sparse-prefill"]["help"]
+    assert "default: 0.1)" in by_flag["--sparse-prefill-coverage"]["help"]
 
 
 @pytest.mark.parametrize("tool", ["llama-server", "llama-bench"])
@@ -102,6 +104,8 @@ BAD = [
     ("--scsa-cluster-size", "7", 7, "scsa_cluster_size"),
     ("--scsa-max-error", "11", 11.0, "scsa_max_error"),
     ("--scsa-rebuild-interval", "31", 31, "scsa_rebuild_interval"),
+    ("--sparse-prefill-coverage", "0", 0.0, "sparse_prefill_coverage"),
+    ("--sparse-prefill-tolerance", "2", 2.0, "sparse_prefill_tolerance"),
 ]
 
 
@@ -219,6 +223,9 @@ OUT_OF_RANGE = [
     ("--scsa-recent", "-1", "an integer in [0, 65536]"),
     ("--scsa-recent", "65537", "an integer in [0, 65536]"),
     ("--scsa-taus", "", "a file name"),
+    ("--sparse-prefill", "yes", "off, on or auto"),
+    ("--sparse-prefill-coverage", "1.5", "a number in (0, 1]"),
+    ("--sparse-prefill-tolerance", "-0.5", "a number in [0, 1]"),
 ]
 
 # (args, message): settings each in range, refused together, by llama_sparse_params_check (the
@@ -230,6 +237,9 @@ COMBINATIONS = [
      "scsa_block_size (--scsa-block-size) must be a multiple of scsa_rebuild_interval (--scsa-rebuild-interval, 512), got 1000"),
     (["--sparse-attn", "on", "--sparse-attn-min-kv", "0", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
     (["--sparse-attn", "scsa", "-fa", "off"], "--sparse-attn needs flash attention, but --flash-attn is off"),
+    (["--sparse-prefill", "on", "-fa", "off"], "--sparse-prefill needs flash attention, but --flash-attn is off"),
+    (["--sparse-attn", "scsa", "--sparse-prefill", "on"],
+     "sparse_prefill (--sparse-prefill) reads the block method's key sketch, which SCSA does not keep"),
 ]
 
 # (variables, message): llama-server's LLAMA_ARG_* mirrors of the flags refuse in the same words

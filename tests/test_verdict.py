@@ -43,6 +43,8 @@ CASES = [
     ("niah", {}, {"rechecks_changed_under_load": 0.0}, {"rechecks_changed_under_load": 1.0}),
     ("niah", {}, {"changed_beyond_reference": 0.0}, {"changed_beyond_reference": 1.0}),
     ("ab", {"min_ratio": 1.5}, {"ratio_median": 1.5}, {"ratio_median": 1.49}),
+    ("ttft", {"min_ratio": 2.0}, {"ratio_median": 2.0}, {"ratio_median": 1.99}),
+    ("ttft", {"min_agree_tokens": 8}, {"agree_tokens_min": 8.0}, {"agree_tokens_min": 7.0}),
     ("ab", {"min_bound_share": 0.8}, {"bound_share": 0.8}, {"bound_share": 0.79}),
     ("load", {}, {"http_5xx": 0.0, "parse_errors": 0.0}, {"http_5xx": 1.0}),
     ("load", {}, {"timing_lines_missing": 0.0}, {"timing_lines_missing": 2.0}),

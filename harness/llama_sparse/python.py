@@ -55,6 +55,9 @@ class SparseParams(ctypes.Structure):
         ("sparse_attn_score", ctypes.c_int),  # API version 4: 0 key bounds, 1 key sketch; 5: 2 auto (the default)
         ("sparse_attn_tolerance", ctypes.c_float),  # API version 6: the key sketch's, 0 reads the whole coverage, -1 the score's own
         ("sparse_attn_recheck", ctypes.c_float),  # API version 7: a step within this logit gap computed again densely, -1 the method's own
+        ("sparse_prefill", ctypes.c_int),  # API version 8: 0 off, 1 on, 2 auto (prompts through the key sketch's selection)
+        ("sparse_prefill_coverage", ctypes.c_float),
+        ("sparse_prefill_tolerance", ctypes.c_float),
     ]
 
 
@@ -79,6 +82,8 @@ class _SparseStats(ctypes.Structure):
         ("read_fraction", ctypes.c_double),
         ("steps_sparse", ctypes.c_uint64),      # API version 7
         ("steps_rechecked", ctypes.c_uint64),
+        ("prefill_blocks_read", ctypes.c_uint64),     # API version 8
+        ("prefill_blocks_visible", ctypes.c_uint64),
     ]
 
 

@@ -188,6 +188,19 @@ def _ab_headline(report: GateReport) -> str:
     return f"decode at {tokens_label(top)} against {reference}, " + "; ".join(parts)
 
 
+def _ttft_headline(report: GateReport) -> str:
+    """Time to first token against the reference arm at each context, the sparse arms' ratios."""
+    reference = report.spec.arms[0].name
+    ok = [r for r in report.results if r.error is None and r.arm != reference and "ratio_median" in r.metrics]
+    if not ok:
+        return "-"
+    parts = []
+    for n_ctx in sorted({r.context for r in ok}):
+        ratios = ", ".join(f"{r.arm} {r.metrics['ratio_median']:.2f}x" for r in ok if r.context == n_ctx)
+        parts.append(f"{tokens_label(n_ctx)}: {ratios}")
+    return f"prompt time against {reference}, " + "; ".join(parts)
+
+
 def needles_kept(report: GateReport, arm: str) -> tuple[int, int]:
     """(needles the reference arm found that `arm` found too, needles the reference found), over
     every context and cache the gate ran alone (B=1)."""
@@ -228,6 +241,8 @@ def headline(entry: Published) -> str:
         return "- (no JSON)"
     if report.spec.kind == "ab":
         return _ab_headline(report)
+    if report.spec.kind == "ttft":
+        return _ttft_headline(report)
     if any(r.samples and "task" in r.samples[0] for r in report.results):
         return _needle_headline(report)
     return f"{sum(1 for r in report.results if r.passed)} of {len(report.results)} results pass"

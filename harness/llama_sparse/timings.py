@@ -55,6 +55,7 @@ class RequestTiming:
     sparse_read_fraction: float | None = None   # block-sparse: KV blocks read / visible, decode steps
     sparse_blocks_visible: int | None = None    # block-sparse: visible block reads of the decode rows
     sparse_rechecked: tuple[int, int] | None = None  # block-sparse: (steps computed again densely, sparse steps)
+    prefill_read_fraction: float | None = None  # block-sparse prefill: KV blocks the prompt's rows read / visible
 
 
 def from_response(resp: dict[str, Any]) -> RequestTiming:
@@ -73,6 +74,8 @@ def from_response(resp: dict[str, Any]) -> RequestTiming:
         if sp["rows_visible"] > 0:
             rec = dataclasses.replace(rec, sparse_read_fraction=sp["rows_read"] / sp["rows_visible"])
         return rec
+    if sp.get("prefill_blocks_visible", 0) > 0:
+        rec = dataclasses.replace(rec, prefill_read_fraction=sp["prefill_blocks_read"] / sp["prefill_blocks_visible"])
     if sp["blocks_visible"] > 0:
         rec = dataclasses.replace(rec, sparse_read_fraction=sp["blocks_read"] / sp["blocks_visible"],
                                   sparse_blocks_visible=int(sp["blocks_visible"]),

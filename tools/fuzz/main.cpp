@@ -15,6 +15,10 @@
 // Besides the checks above: every block whose visible rows are not the rows it counts is read,
 // and with keys and values constant over each block (exactly representable in q4_0) the tails
 // stand for their blocks exactly, so the sparse result is the dense one within rounding.
+// A sixth of the cases are a prompt's micro-batch (--sparse-prefill): every few rows (or every 64th)
+// scored from the sketch by mass, the others following the next scored row; flash attention reads
+// each row's blocks and no tails (the tiled kernel on an f16 cache). Besides the checks above: a row
+// not scored reads exactly its scored row's blocks that it sees and its own sink and recent blocks.
 // Decode of several streams (one query each, as llama-server's slots) is also run stream by stream:
 // each stream's fill, selection and sparse attention must be the bits it gets alone.
 // Values include inf and NaN keys, all-equal keys and huge magnitudes; masks include a single
@@ -78,17 +82,23 @@ struct fuzz_case {
     int       threads;
     uint32_t  seed;
     bool      sketch;
+    // a prompt's rows (ggml_sparse_attn_select_set_prompt_rows): every prompt_stride-th row and the
+    // last scored from the sketch by mass (stopping at mass_tolerance), the others following the
+    // next scored row; flash attention reads each row's blocks without tails. 0: a decode case
+    int       prompt_stride;
+    float     mass_tolerance;
 
     // a block's row in the bounds: the key minima and maxima, then with the sketch the value sum and the count
     int64_t bounds_width() const { return 2*D + (sketch ? D + 1 : 0); }
 
     std::string str() const {
-        char buf[400];
+        char buf[460];
         snprintf(buf, sizeof(buf), "D=%lld kv_heads=%lld gqa=%lld n_kv=%lld rows=%lld streams=%lld block=%d topk=%d coverage=%.3f "
-                 "tolerance=%g sink=%d recent=%d kv_type=%s keys=%s mask=%s fill=%s threads=%d seed=%u sketch=%d",
+                 "tolerance=%g sink=%d recent=%d kv_type=%s keys=%s mask=%s fill=%s threads=%d seed=%u sketch=%d "
+                 "prompt_stride=%d mass_tolerance=%g",
                  (long long) D, (long long) n_head_kv, (long long) gqa, (long long) n_kv, (long long) n_rows, (long long) n_stream,
                  block, topk, coverage, (double) tolerance, sink, recent, ggml_type_name(type_kv), name(keys), name(mask), name(fill),
-                 threads, seed, (int) sketch);
+                 threads, seed, (int) sketch, prompt_stride, (double) mass_tolerance);
         return buf;
     }
 };
@@ -160,6 +170,28 @@ fuzz_case random_case(std::mt19937 & rng, int threads) {
         // that every ranked block's stand-in meets, which reads only the forced blocks
         const float tolerances[] = {0.001f, 0.01f, 0.1f, 1.0f};
         c.tolerance = tolerances[rng() % 4];
+    }
+    if (rng() % 6 == 0) {
+        // a prompt's micro-batch at the end of the cache (a prefill): tens to a couple of hundred
+        // rows, causal (or with holes, as other sequences' cells leave them), scored every few rows
+        // or every 64th as llama does, the tiled kernel's f16 cache or the general path's q8_0;
+        // small heads, as the reference kernel computes every row densely
+        c.sketch         = true;
+        c.prompt_stride  = (int) pick({2, 3, 16, 64});
+        c.mass_tolerance = rng() % 2 ? 0.0f : (float) pick({1, 2, 10, 100})/100.0f;
+        c.tolerance      = c.mass_tolerance;
+        c.topk           = 0;
+        c.n_rows         = 2 + rng() % 160;
+        c.n_stream       = rng() % 4 == 0 ? 2 : 1;
+        c.n_kv           = c.n_rows + rng() % 1200;
+        c.D              = pick({32, 64, 128});
+        c.n_head_kv      = pick({1, 2});
+        c.gqa            = pick({1, 3, 4});
+        c.type_kv        = rng() % 4 == 0 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+        c.mask           = rng() % 4 == 0 ? mask_kind::random_holes : mask_kind::causal;
+        c.keys           = rng() % 2 ? keys_kind::uniform : (keys_kind) (pick({1, 4}));
+        c.coverage       = rng() % 3 == 0 ? 1.0f : std::uniform_real_distribution<float>(0.05f, 0.9f)(rng);
+        c.recent         = (int) pick({0, 1, 64});
     }
     return c;
 }
@@ -380,9 +412,15 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
     ggml_tensor * sel_whole = c.tolerance > 0.0f ?
         ggml_sparse_attn_select_sketch(ctx, q, ggml_permute(ctx, ks, 0, 2, 1, 3), filled, mask, scale, c.block, c.topk, c.coverage,
                                        0.0f, c.sink, c.recent) : nullptr;
+    if (c.prompt_stride > 0) {
+        ggml_sparse_attn_select_set_prompt_rows(sel, c.prompt_stride, c.mass_tolerance);
+        if (sel_whole) {
+            ggml_sparse_attn_select_set_prompt_rows(sel_whole, c.prompt_stride, 0.0f);
+        }
+    }
     ggml_tensor * sparse = ggml_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, 0.0f);
     ggml_flash_attn_ext_set_block_sel(sparse, sel, c.block);
-    if (c.sketch) {
+    if (c.sketch && c.prompt_stride == 0) {
         ggml_flash_attn_ext_set_block_tail(sparse, filled);
     }
     ggml_tensor * dense  = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f/sqrtf((float) c.D), 0.0f, 0.0f);
@@ -611,6 +649,14 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
             }
             std::sort(forced.begin(), forced.end());
             forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
+            // a prompt's row that is not scored follows the next scored row (later, so it sees every
+            // key this row sees): the lead's blocks that this row sees, and its own sink and recent
+            // blocks, nothing else, and no log masses
+            const int64_t lead = c.prompt_stride > 0 ? std::min<int64_t>((r/c.prompt_stride + 1)*c.prompt_stride - 1, c.n_rows - 1) : r;
+            std::vector<int64_t> ends;
+            for (int64_t i = 0, seen = 0; i < n_vis && seen < c.sink; ++i) { ends.push_back(vis_blocks[i]); seen += rows_in[i]; }
+            for (int64_t i = n_vis - 1, seen = 0; i >= 0 && seen < c.recent; --i) { ends.push_back(vis_blocks[i]); seen += rows_in[i]; }
+            std::sort(ends.begin(), ends.end());
 
             for (int64_t h = 0; h < c.n_head_kv; ++h) {
                 const int32_t * w = sel.data() + ((s*c.n_rows + r)*c.n_head_kv + h)*W;
@@ -627,7 +673,24 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     if ((uint32_t) w[b >> 5] >> (b & 31) & 1u) { return "a bit beyond the last block is set" + where; }
                 }
                 if (w[n_words] != pop)      { return "n_selected " + std::to_string(w[n_words]) + " != popcount " + std::to_string(pop) + where; }
-                if (c.tolerance > 0.0f) {
+                if (lead != r) {
+                    const int32_t * wl = sel.data() + ((s*c.n_rows + lead)*c.n_head_kv + h)*W;
+                    for (int64_t b = 0; b < n_blocks; ++b) {
+                        const bool seen = std::binary_search(vis_blocks.begin(), vis_blocks.end(), b);
+                        const bool want = seen && (((uint32_t) wl[b >> 5] >> (b & 31) & 1u) || std::binary_search(ends.begin(), ends.end(), b));
+                        if (want != (((uint32_t) w[b >> 5] >> (b & 31) & 1u) != 0)) {
+                            return "prompt row " + std::to_string(r) + (want ? " misses" : " reads") + " block " + std::to_string(b) +
+                                   ", which its scored row " + std::to_string(lead) + " and its own sink and recent rows " +
+                                   (want ? "select" : "do not select") + where;
+                        }
+                    }
+                    if (w[n_words + 1] != n_vis) { return "n_visible " + std::to_string(w[n_words + 1]) + " != " + std::to_string(n_vis) + where; }
+                    const float * lse = (const float *) (w + n_words + 2);
+                    for (int64_t i = 0; i < c.gqa*n_blocks; ++i) {
+                        if (lse[i] != -INFINITY) { return "a prompt row not scored has a log mass " + std::to_string(lse[i]) + where; }
+                    }
+                }
+                if (lead == r && c.tolerance > 0.0f) {
                     // a tolerance only stops the ranking early: the blocks read are among those the
                     // whole budget reads, with the same log masses
                     const int32_t * w0 = opt.sel_whole.data() + ((s*c.n_rows + r)*c.n_head_kv + h)*W;
@@ -649,8 +712,8 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                     }
                 }
                 if (w[n_words + 1] != n_vis) { return "n_visible " + std::to_string(w[n_words + 1]) + " != " + std::to_string(n_vis) + where; }
-                if (budget >= n_vis && pop != n_vis) { return "budget covers every visible block but not all are selected" + where; }
-                if (c.sketch) {
+                if (lead == r && budget >= n_vis && pop != n_vis) { return "budget covers every visible block but not all are selected" + where; }
+                if (c.sketch && lead == r) {
                     // every block's log mass: -inf where the row sees nothing of it
                     const float * lse = (const float *) (w + n_words + 2);
                     for (int64_t g = 0; g < c.gqa; ++g) {
@@ -664,7 +727,7 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                         }
                     }
                 }
-                if (budget < n_vis) {
+                if (lead == r && budget < n_vis) {
                     for (int64_t b : forced) {
                         if (!((uint32_t) w[b >> 5] >> (b & 31) & 1u)) { return "sink/recent block " + std::to_string(b) + " not selected" + where; }
                     }
@@ -677,7 +740,7 @@ std::string check_selection(const fuzz_case & c, const run_inputs & in, const st
                 // rounding to q8_0 in the sketch's scores. Against attention in double: a row whole
                 // on one thread sums its weighted values in f16 (upstream's one-row path), which
                 // over runs of equal weights drifts further than that (dense as much as sparse)
-                if (c.keys == keys_kind::block_constant && pop < n_vis) {
+                if (c.keys == keys_kind::block_constant && c.prompt_stride == 0 && pop < n_vis) {
                     for (int64_t g = h*c.gqa; g < (h + 1)*c.gqa; ++g) {
                         const size_t o = ((s*c.n_rows + r)*c.n_head_kv*c.gqa + g)*c.D;
                         std::vector<float> a(opt.sparse.begin() + o, opt.sparse.begin() + o + c.D);
@@ -939,7 +1002,7 @@ int main(int argc, char ** argv) {
     std::mt19937 rng(seed);
     int n_failed = 0;
     int per_keys[(int) keys_kind::count] = {}, per_mask[(int) mask_kind::count] = {}, per_fill[(int) fill_kind::count] = {};
-    int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0, n_tolerance = 0, n_streams_alone = 0;
+    int max_threads = 0, n_upstream_nonfinite = 0, n_sketch = 0, n_tolerance = 0, n_streams_alone = 0, n_prompt = 0;
 
     const std::pair<const char *, std::string (*)(ggml_backend_t)> designed[] = {
         {"the key sketch reads the block whose stand-in is furthest off", designed_stand_in_error},
@@ -992,6 +1055,7 @@ int main(int argc, char ** argv) {
         per_fill[(int) c.fill]++;
         n_sketch += c.sketch;
         n_tolerance += c.tolerance > 0.0f;
+        n_prompt += c.prompt_stride > 0;
         if (!err.empty()) {
             n_failed++;
             printf("FAIL case %d: %s\n  %s\n", i, c.str().c_str(), err.c_str());
@@ -1010,8 +1074,8 @@ int main(int argc, char ** argv) {
     for (int m = 0; m < (int) mask_kind::count; ++m) { printf(" %s %d", name((mask_kind) m), per_mask[m]); }
     printf("; fills:");
     for (int f = 0; f < (int) fill_kind::count; ++f) { printf(" %s %d", name((fill_kind) f), per_fill[f]); }
-    printf("; key sketch %d (with a tolerance %d); streams against alone %d; designed %d", n_sketch, n_tolerance, n_streams_alone,
-           (int) (sizeof(designed)/sizeof(designed[0])));
+    printf("; key sketch %d (with a tolerance %d); prompt rows %d; streams against alone %d; designed %d", n_sketch, n_tolerance,
+           n_prompt, n_streams_alone, (int) (sizeof(designed)/sizeof(designed[0])));
     printf("; NaN placement not compared (upstream's -inf score rule): %d\n", n_upstream_nonfinite);
     ggml_backend_free(backend);
     return n_failed ? 1 : 0;

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 from llama_sparse import timings
-from llama_sparse.errors import ArmError, UserError
+from llama_sparse.errors import ArmError
 from llama_sparse.gates import niah, texts
 from llama_sparse.gates.context import GateContext
 from llama_sparse.gates.flags import scsa_calibration_steps
@@ -176,24 +176,11 @@ def measure(ctx: GateContext, model: str, n_ctx: int, cache: str, batch: int, ar
 
 
 def run(ctx: GateContext) -> None:
-    spec = ctx.spec
-    arms = ctx.arms
-    dense = next((a for a in arms if not a.sparse), None)
-    if dense is None:
-        raise UserError(f"{spec.path}: an ab gate needs a dense arm (one without sparse flags)")
-    for model in spec.models:
-        for n_ctx in spec.context_lengths:
-            for cache in spec.cache_types:
-                for batch in spec.batch:
-                    for res in measure(ctx, model, n_ctx, cache, batch, arms, dense):
-                        ctx.record(res)
-                        if res.error is None:
-                            m = res.metrics
-                            ratio = f", {m['ratio_median']:.2f}x dense" if "ratio_median" in m else ""
-                            ctx.progress.log(f"  {res.arm} {model} @{n_ctx} {cache} B{batch}: "
-                                             f"{m['decode_tps_median']:.1f} tok/s{ratio}")
-                        else:
-                            ctx.progress.log(f"  {res.arm} {model} @{n_ctx}: ERROR {res.error.splitlines()[0]}")
+    dense = ctx.dense_arm()
+    for model, n_ctx, cache in ctx.points():
+        for batch in ctx.spec.batch:
+            for res in measure(ctx, model, n_ctx, cache, batch, ctx.arms, dense):
+                ctx.record_speed(res, f"{model} @{n_ctx} {cache} B{batch}", lambda m: f"{m['decode_tps_median']:.1f} tok/s")
 
 
 KIND = Kind(

@@ -5,11 +5,13 @@ that a server dying later leaves everything measured so far behind."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llama_sparse import models
 from llama_sparse.binaries import binary
+from llama_sparse.errors import UserError
 from llama_sparse.gates import output, report as reports
 from llama_sparse.gates.schema import Arm, GateSpec, Kind
 from llama_sparse.gates.verdict import judge
@@ -70,6 +72,30 @@ class GateContext:
     def record(self, result: reports.ArmResult) -> None:
         self.report.results.append(result)
         self.save()
+
+    def points(self) -> Iterator[tuple[str, int, str]]:
+        """Every (model, context length, KV type) the gate measures, in the order it runs them."""
+        for model in self.spec.models:
+            for n_ctx in self.spec.context_lengths:
+                for cache in self.spec.cache_types:
+                    yield model, n_ctx, cache
+
+    def dense_arm(self) -> Arm:
+        """The arm without sparse flags: a speed gate's ratios are over it."""
+        dense = next((a for a in self.arms if not a.sparse), None)
+        if dense is None:
+            raise UserError(f"{self.spec.path}: a {self.spec.kind} gate needs a dense arm (one without sparse flags)")
+        return dense
+
+    def record_speed(self, result: reports.ArmResult, where: str, figure: Callable[[dict[str, float]], str]) -> None:
+        """Record a speed gate's result and log it: its figure and its ratio to dense, or its error."""
+        self.record(result)
+        if result.error is None:
+            m = result.metrics
+            ratio = f", {m['ratio_median']:.2f}x dense" if "ratio_median" in m else ""
+            self.progress.log(f"  {result.arm} {where}: {figure(m)}{ratio}")
+        else:
+            self.progress.log(f"  {result.arm} {where}: ERROR {result.error.splitlines()[0]}")
 
     def save(self, final: bool = False) -> dict[str, Path]:
         """Judge every result so far by the kind's thresholds (`final`: the run is over) and write

@@ -46,7 +46,8 @@ def scsa_calibration_steps(arm: Arm) -> int:
 
 def uses_sparse_flags(flags: tuple[str, ...]) -> bool:
     """Whether the flags switch a sparse method on (block-sparse or SCSA)."""
-    if flag_value(flags, "--sparse-attn") in ("off", "0", "false", "none"):
+    off = ("off", "0", "false", "none")
+    if flag_value(flags, "--sparse-attn") in off and flag_value(flags, "--sparse-prefill") in (None, *off):
         return False
     return any(tok.startswith(("--sparse", "--scsa")) for tok in flags)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llama_sparse.gates import ab, frontier, identity, load, logits, needles
+from llama_sparse.gates import ab, frontier, identity, load, logits, needles, ttft
 from llama_sparse.gates.schema import Kind
 
-KINDS: dict[str, Kind] = {m.KIND.name: m.KIND for m in (identity, needles, logits, ab, load, frontier)}
+KINDS: dict[str, Kind] = {m.KIND.name: m.KIND for m in (identity, needles, logits, ab, load, frontier, ttft)}

@@ -42,7 +42,12 @@ def plot(report: GateReport, path: Path) -> Path | None:
     # and on a cost curve, the part of a step that grows with the context (context_ms), log-log:
     # dense's doubles with the context, a flat line is a step that stopped growing
     context = [r for r in tps if _finite(r.metrics.get("context_ms")) and r.metrics["context_ms"] > 0]
-    panels = [p for p in (("tps", tps), ("context", context), ("ratio", ratio), ("niah", niah)) if p[1]]
+    # a time-to-first-token curve: the prompt's time against its length, log-log (dense's
+    # attention grows with the square of the length)
+    prompt = [r for r in ok if _finite(r.metrics.get("prompt_ms_median"))]
+    speed_of = "prompt" if prompt else "decode"
+    prompt = prompt if len({r.context for r in prompt}) > 1 else []
+    panels = [p for p in (("prompt", prompt), ("tps", tps), ("context", context), ("ratio", ratio), ("niah", niah)) if p[1]]
     if not panels:
         return None
 
@@ -78,9 +83,15 @@ def plot(report: GateReport, path: Path) -> Path | None:
                             label=f"{label}: bound of its coverage")
             elif what == "context":
                 ax.plot(xs, [r.metrics["context_ms"] for r in points], marker="o", label=label)
+            elif what == "prompt":
+                ax.plot(xs, [r.metrics["prompt_ms_median"] / 1000.0 for r in points], marker="o", label=label)
             else:
                 ax.plot(xs, [r.metrics["niah"] for r in points], marker="o", label=label)
-        if what == "context":
+        if what == "prompt":
+            ax.set_yscale("log")
+            ax.set_ylabel("prompt evaluation, s (median)")
+            ax.set_title("time to first token against context")
+        elif what == "context":
             ax.set_yscale("log")
             ax.set_ylabel("ms per token less dense's at depth 16 (median)")
             ax.set_title("the part of a step that grows with the context")
@@ -90,7 +101,7 @@ def plot(report: GateReport, path: Path) -> Path | None:
             ax.set_title("decode speed against context")
         elif what == "ratio":
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-            ax.set_ylabel("decode speed, sparse / dense (median, min-max)")
+            ax.set_ylabel(f"{speed_of} speed, sparse / dense (median, min-max)")
             ax.set_title("speed ratio")
         else:
             ax.set_ylim(-0.05, 1.05)
