@@ -58,9 +58,10 @@ def test_every_cluster_opened_with_exact_packing_is_dense(model_name, n_layer, n
     tau0 = taus_file(tmp_path / "tau0.json", n_layer, n_head, 0.0)
     exact = dump(model, tmp_path, "scsa-tau0", [*kv, "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-packed", packed,
                                                 "--scsa-taus", str(tau0), *SMALL_PLANS], force=stream)
+    # (no audits: they would tighten the loose taus in the first steps)
     loose = dump(model, tmp_path, "scsa-tau03", [*kv, "--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", "0",
                                                  "--scsa-taus", str(taus_file(tmp_path / "t.json", n_layer, n_head, 0.3)),
-                                                 *SMALL_PLANS], force=stream)
+                                                 "--scsa-audit-steps", "0", *SMALL_PLANS], force=stream)
     # the noise floor: dense itself on one thread instead of two (another summation order). On
     # SmolLM2 (q4_1 weights) that alone moves the logits by up to ~1 and KL ~1e-3
     floor = logitsdump.compare(dense, dump(model, tmp_path, "dense-1t", kv, force=stream, threads=1), skip=1)
@@ -77,7 +78,8 @@ def test_every_cluster_opened_with_exact_packing_is_dense(model_name, n_layer, n
     assert m_exact["kl_mean"] <= max(4 * floor["kl_mean"], 1e-5), (m_exact, floor)
     # the plans are in use: a loose threshold moves the distributions far more than rounding does
     assert m_loose["kl_mean"] > 10 * max(m_exact["kl_mean"], 1e-9), (m_exact, m_loose)
-    # the loaded taus were used from the first step: no calibration (exact) calls, clusters opened
+    # the loaded taus were used from the first step: no calibration (exact) calls, clusters opened;
+    # a head at tau 0 is already exact, so no audit computes it again
     run = TOOL_LINE.search((tmp_path / "scsa-tau0.log").read_text())
     assert run and int(run["exact_calls"]) == 0 and run["state"] == "taus frozen" and int(run["opened"]) > 0, run
 
@@ -93,9 +95,20 @@ def test_calibration_writes_taus_that_load_back(tiny_qwen3, tmp_path) -> None:
     assert run and int(run["calib"]) == 8 and run["state"] == "taus frozen", run
     assert int(run["exact_calls"]) == 8 * 2 * 8      # 8 steps x 2 layers x 8 heads ran exact
 
-    dump(tiny_qwen3, tmp_path, "load", ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-taus", str(out), *SMALL_PLANS], steps=4)
+    dump(tiny_qwen3, tmp_path, "load", ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-taus", str(out),
+                                        "--scsa-audit-steps", "0", *SMALL_PLANS], steps=4)
     run = TOOL_LINE.search((tmp_path / "load.log").read_text())
     assert run and int(run["exact_calls"]) == 0 and int(run["calib"]) == 0 and run["state"] == "taus frozen", run
+
+    # loaded taus are audited as calibrated ones are: the first 2 steps after the prompt run exact
+    # for every head whose tau is not 0 (a head at 0 is exact already), the steps after go through
+    # the plans, and nothing calibrates
+    loose = sum(1 for v in taus.values() if v > 0.0)
+    assert loose > 0, taus
+    dump(tiny_qwen3, tmp_path, "audited", ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-taus", str(out),
+                                           "--scsa-audit-steps", "2", *SMALL_PLANS], steps=4)
+    run = TOOL_LINE.search((tmp_path / "audited.log").read_text())
+    assert run and int(run["exact_calls"]) == 2 * loose and int(run["calib"]) == 0 and run["state"] == "taus frozen", (run, loose)
 
 
 @pytest.mark.parametrize("strict", [["--scsa-tolerance", "1e-9"], ["--scsa-max-error", "1e-6"]],

@@ -58,6 +58,7 @@ class SparseParams(ctypes.Structure):
         ("sparse_prefill", ctypes.c_int),  # API version 8: 0 off, 1 on, 2 auto (prompts through the key sketch's selection)
         ("sparse_prefill_coverage", ctypes.c_float),
         ("sparse_prefill_tolerance", ctypes.c_float),
+        ("scsa_audit_steps", ctypes.c_int32),  # API version 9: exact steps after each prompt that lower erring taus
     ]
 
 
@@ -84,6 +85,8 @@ class _SparseStats(ctypes.Structure):
         ("steps_rechecked", ctypes.c_uint64),
         ("prefill_blocks_read", ctypes.c_uint64),     # API version 8
         ("prefill_blocks_visible", ctypes.c_uint64),
+        ("scsa_audit_steps", ctypes.c_int64),         # API version 9
+        ("scsa_taus_tightened", ctypes.c_int64),
     ]
 
 

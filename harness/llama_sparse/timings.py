@@ -34,7 +34,8 @@ SCSA_LINE = re.compile(rf"scsa: decode read\s+{_NUM}% of the visible rows "
                        r"\(opened (?P<opened>\d+), exact (?P<exact>\d+), of (?P<visible>\d+)\)"
                        r"(?:; calls (?P<calls>\d+), clusters scored (?P<scored>\d+), rebuilds (?P<rebuilds>\d+), "
                        r"exact calls (?P<exact_calls>\d+); calibration (?P<calibration_steps>\d+) steps, "
-                       r"(?P<state>taus frozen|calibrating))?")
+                       r"(?P<state>taus frozen|calibrating)"
+                       r"(?:; audited (?P<audited>\d+) steps, (?P<lowered>\d+) taus lowered)?)?")
 
 
 @dataclass(frozen=True)

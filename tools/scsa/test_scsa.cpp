@@ -4,6 +4,7 @@
 #include "scsa.h"
 
 #include "ggml.h"
+#include "ggml-cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -95,6 +96,33 @@ static double exact_lse(const float * q, const exact_rows & ex, float beta, int6
     double acc = 0.0;
     for (double v : sc) { acc += std::exp(v - mx); }
     return mx + std::log(acc);
+}
+
+// One decode step of GGML_OP_SCSA_ATTN on the CPU (one row, one stream, one KV head, one query
+// head): the cache holds x's rows as f16, the first L visible. Returns the output row.
+static std::vector<float> scsa_op_step(ggml_scsa_layer * layer, const kv & x, int64_t L, const std::vector<float> & q, float beta) {
+    const int64_t D = x.D, n = x.n;
+    ggml_init_params ip = { /*.mem_size =*/ (size_t) 64*1024*1024, /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ false };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * tq = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, 1, 1, 1);
+    ggml_tensor * tk = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, n, 1, 1);
+    ggml_tensor * tv = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, n, 1, 1);
+    ggml_tensor * tm = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n, 1, 1, 1);
+    memcpy(tq->data, q.data(), D*sizeof(float));
+    for (int64_t i = 0; i < n*D; ++i) {
+        ((ggml_fp16_t *) tk->data)[i] = ggml_fp32_to_fp16(x.keys[i]);
+        ((ggml_fp16_t *) tv->data)[i] = ggml_fp32_to_fp16(x.values[i]);
+    }
+    for (int64_t c = 0; c < n; ++c) {
+        ((ggml_fp16_t *) tm->data)[c] = ggml_fp32_to_fp16(c < L ? 0.0f : -INFINITY);
+    }
+    ggml_tensor * out = ggml_scsa_attn(ctx, ggml_permute(ctx, tq, 0, 2, 1, 3), tk, tv, tm, beta, layer);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_graph_compute_with_ctx(ctx, gf, 2);
+    std::vector<float> res((const float *) out->data, (const float *) out->data + D);
+    ggml_free(ctx);
+    return res;
 }
 
 int main() {
@@ -515,6 +543,76 @@ int main() {
             same = same && one.open == open_many && one.expanded == many.expanded;
         }
         check(same, "select_hier_multi over one region walks as select_hier");
+    }
+
+    // the op's audits: once the taus are frozen, the first audit_steps decode steps after a prompt
+    // (the visible rows did not grow by one) are exact, and a head whose tau erred more than
+    // max_error there takes a smaller one; the steps after them go through the plans
+    {
+        const int64_t n_cells = 1536;
+        kv c = clustered(n_cells, D, 24, 99);
+        std::vector<float> q(D);
+        for (int64_t d = 0; d < D; ++d) { q[d] = 0.25f*(c.centres[5*D + d] + c.centres[11*D + d]); }
+        auto exact_of = [&](int64_t L) {
+            std::vector<float> kr(L*D), vr(L*D);
+            std::vector<std::pair<const float *, const float *>> rows;
+            for (int64_t i = 0; i < L*D; ++i) { kr[i] = f16r(c.keys[i]); vr[i] = f16r(c.values[i]); }
+            for (int64_t r = 0; r < L; ++r) { rows.push_back({kr.data() + r*D, vr.data() + r*D}); }
+            return dense(q.data(), beta, D, rows);
+        };
+        auto layer_of = [&](int32_t audit_steps, float max_error) {
+            ggml_scsa_params sp = ggml_scsa_default_params();
+            sp.cluster_size     = 32;
+            sp.rebuild_interval = 128;
+            sp.block_size       = 512;
+            sp.recent           = 16;
+            sp.calib_steps      = 0;      // frozen from the start at tau_default, as a loaded taus file
+            sp.tau_default      = 0.3f;
+            sp.max_error        = max_error;
+            sp.audit_steps      = audit_steps;
+            return ggml_scsa_layer_new(&sp, 1, 1, (int32_t) D, 1);
+        };
+        ggml_scsa_counters cn;
+        bool frozen = false;
+
+        // without audits the loose tau reads little and errs: the case is one an audit must catch
+        ggml_scsa_layer * plain = layer_of(0, 0.05f);
+        scsa_op_step(plain, c, 1400, q, beta);                  // plans built
+        const double err_plain = rel_err(scsa_op_step(plain, c, 1401, q, beta).data(), exact_of(1401));
+        ggml_scsa_layer_counters(plain, -1, &cn);
+        check(err_plain > 0.05 && cn.audit_steps == 0 && ggml_scsa_layer_get_tau(plain, 0, &frozen) == 0.3f,
+              "without audits a loose tau stays and errs (relative error " + std::to_string(err_plain) + ")");
+        ggml_scsa_layer_free(plain);
+
+        ggml_scsa_layer * layer = layer_of(2, 0.05f);
+        const double e1 = rel_err(scsa_op_step(layer, c, 1400, q, beta).data(), exact_of(1400));
+        ggml_scsa_layer_counters(layer, -1, &cn);
+        const float tau1 = ggml_scsa_layer_get_tau(layer, 0, &frozen);
+        check(e1 < 1e-3 && cn.audit_steps == 1, "an audited step is exact (relative error " + std::to_string(e1) + ")");
+        check(tau1 < 0.3f && cn.taus_tightened == 1 && frozen, "an audit lowers a tau that erred more than max_error (now " +
+              std::to_string(tau1) + ")");
+        const double e2 = rel_err(scsa_op_step(layer, c, 1401, q, beta).data(), exact_of(1401));
+        const double e3 = rel_err(scsa_op_step(layer, c, 1402, q, beta).data(), exact_of(1402));
+        ggml_scsa_layer_counters(layer, -1, &cn);
+        check(cn.audit_steps == 2 && e2 < 1e-3, "audit_steps steps after a prompt are audited, no more");
+        check(e3 <= 0.05 && e3 > 0.0 && cn.calls > 0, "the step after the audits reads through the plans within max_error (relative error " +
+              std::to_string(e3) + ")");
+        check(ggml_scsa_layer_get_tau(layer, 0, nullptr) == tau1 && cn.taus_tightened == 1, "a tau that served its audit is kept");
+        // a request after a truncation: its first steps are audited again; taus never loosen
+        ggml_scsa_layer_truncate(layer, 0, 1200);
+        scsa_op_step(layer, c, 1300, q, beta);
+        ggml_scsa_layer_counters(layer, -1, &cn);
+        check(cn.audit_steps == 3 && ggml_scsa_layer_get_tau(layer, 0, nullptr) <= tau1, "a new prompt is audited again; taus only tighten");
+        printf("scsa audits: tau 0.3 errs %.3f without them; audited, tau %g, the next step errs %.4f\n", err_plain, tau1, e3);
+        ggml_scsa_layer_free(layer);
+
+        // a max_error the loose tau already meets: audited, nothing lowered
+        ggml_scsa_layer * lenient = layer_of(2, 10.0f);
+        scsa_op_step(lenient, c, 1400, q, beta);
+        ggml_scsa_layer_counters(lenient, -1, &cn);
+        check(cn.audit_steps == 1 && cn.taus_tightened == 0 && ggml_scsa_layer_get_tau(lenient, 0, nullptr) == 0.3f,
+              "an audit keeps a tau that erred within max_error");
+        ggml_scsa_layer_free(lenient);
     }
 
     printf("scsa: %d checks, %d failed\n", n_checks, n_failed);
