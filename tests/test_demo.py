@@ -24,9 +24,9 @@ def test_the_default_arm_takes_the_coverage_from_the_help() -> None:
 
 
 def test_a_coverage_per_score_gives_the_cpu_one() -> None:
-    per_score = HELP.replace("(default: 0.625)", "(a number in (0, 1]; default: 0.25 with the key sketch, 0.625 with the key bounds)")
+    per_score = HELP.replace("(default: 0.625)", "(a number in (0, 1]; default: 0.5 with the key sketch, 0.625 with the key bounds)")
     arm = default_sparse_arm("--sparse-attn off|on|auto\n" + per_score)
-    assert arm is not None and arm.coverage == 0.25
+    assert arm is not None and arm.coverage == 0.5
 
 
 def test_a_build_without_sparse_flags_has_no_sparse_arm() -> None:

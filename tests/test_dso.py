@@ -80,13 +80,13 @@ def test_the_environment_switches_sparse_attention_on_without_a_flag(tiny_qwen3:
     assert proc.stderr.count("switched on by") == 1
 
 
-def test_on_alone_is_the_key_sketch_at_a_quarter_on_the_cpu(tiny_qwen3: Path, tmp_path: Path) -> None:
+def test_on_alone_is_the_key_sketch_at_half_on_the_cpu(tiny_qwen3: Path, tmp_path: Path) -> None:
     """The defaults are the product: `on` and nothing else resolves, for a CPU KV cache, to the key
-    sketch reading at most a quarter of the blocks, stopping at a tolerance of 0.03 (no floor); asking for the
+    sketch reading at most half of the blocks, stopping at a tolerance of 0.03 (no floor); asking for the
     bounds gives them their own coverage and no tolerance."""
     proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on", "--sparse-attn-min-kv", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sparse_attn           = on (key sketch, block tail, block 32, coverage 0.25, tolerance 0.03, sink" in proc.stderr
+    assert "sparse_attn           = on (key sketch, block tail, block 32, coverage 0.5, tolerance 0.03, sink" in proc.stderr
     proc = _logits_run(tiny_qwen3, tmp_path, _env_without_sparse(), "--sparse-attn", "on", "--sparse-attn-min-kv", "0", "--sparse-attn-score", "bound")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sparse_attn           = on (key bounds, block 32, coverage 0.625, sink" in proc.stderr
@@ -172,11 +172,13 @@ def test_sparse_off_is_bit_identical_to_upstreams_dso_and_sparse_reads_less(tiny
     assert set(runs) == {("upstream", "off"), ("ours", "off"), ("ours", "on"), ("ours", "scsa")}
     on, scsa = runs[("ours", "on")], runs[("ours", "scsa")]
     assert on["stats"]["mode"] == "on" and on["stats"]["blocks_visible"] > 0
-    # the selection reads under half of the blocks; a step computed again densely (the recheck: a
-    # random model's steps are all in doubt) adds its visible blocks, about 1/steps_sparse each
+    # the selection reads at most its ceiling, half of the blocks (a random model's attention is
+    # flat, so every walk reaches it); a step computed again densely (the recheck: a random
+    # model's steps are all in doubt) adds its visible blocks, about 1/steps_sparse each, which
+    # this subtraction only approximates
     assert on["stats"]["steps_sparse"] > 0
     rechecked = on["stats"]["steps_rechecked"] / on["stats"]["steps_sparse"]
-    assert 0.0 < on["read_fraction"] - rechecked < 0.5, (on["read_fraction"], rechecked)
+    assert 0.0 < on["read_fraction"] - rechecked < 0.6, (on["read_fraction"], rechecked)
     assert scsa["stats"]["mode"] == "scsa" and scsa["stats"]["scsa_visible_rows"] > 0
     assert scsa["stats"]["scsa_calibrated"]
 

@@ -38,7 +38,9 @@ def test_block_method_figures_in_timings_slots_and_metrics(start_server, tiny_qw
         # every decode step after the prompt's is sparse (the first token comes from the prompt)
         assert sp["steps_sparse"] == resp["timings"]["predicted_n"] - 1 == n - 1, sp
         assert 0 <= sp["steps_rechecked"] <= sp["steps_sparse"]
-        assert 0 < sp["blocks_read"] < sp["blocks_visible"], sp
+        # a sparse step reads at most half of what it sees (the ceiling); a step computed again
+        # densely (the random model's steps are often in doubt) reads its visible blocks once more
+        assert 0 < sp["blocks_read"] < sp["blocks_visible"] * (1 + sp["steps_rechecked"] / sp["steps_sparse"]), sp
         assert sp["read_fraction"] == pytest.approx(sp["blocks_read"] / sp["blocks_visible"])
         # the log line for people says the same
         logged = server.wait_log_until(

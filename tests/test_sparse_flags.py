@@ -42,7 +42,7 @@ def test_llama_bench_reports_the_blocks_read_and_the_steps_computed_again(rechec
     assert int(steps) == 16, counts
     if recheck == "0":
         assert int(rechecked) == 0 and hint == "", counts
-        assert 0.0 < float(read) < 100.0, counts  # at most a quarter of 32 blocks, the recent ones at least
+        assert 0.0 < float(read) < 100.0, counts  # at most half of 32 blocks, the recent ones at least
     else:
         # every step of the random model is in doubt at 100 nats, and each one read every block again
         assert int(rechecked) == 16, counts
@@ -69,9 +69,10 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
         assert flag in entries, (flag, sorted(entries))
     # blocks of 32 rows by default: on prose they lose fewer needles than 64 (docs/needles-in-prose.md)
     assert "(a multiple of 32 in [32, 4096]; default: 32)" in entries["--sparse-attn-block-size"], entries
-    # a quarter of the blocks with the key sketch (the default score on the CPU), 0.625 with the
-    # bounds: the least that kept every needle dense finds in prose (docs/needles-in-prose.md)
-    assert "(a number in (0, 1]; default: 0.25 with the key sketch, 0.625 with the key bounds)" in entries["--sparse-attn-coverage"], entries
+    # at most half the blocks with the key sketch (the default score on the CPU; a ceiling of a
+    # quarter ended diffuse steps above the tolerance and tipped a Gemma 3 needle at 16K), 0.625
+    # with the bounds: the least that kept every needle dense finds in prose (docs/needles-in-prose.md)
+    assert "(a number in (0, 1]; default: 0.5 with the key sketch, 0.625 with the key bounds)" in entries["--sparse-attn-coverage"], entries
     assert "(auto, bound or sketch; default: auto)" in entries["--sparse-attn-score"], entries
     # 0.03 with the key sketch, no floor: with the recheck taking thin steps back it kept every
     # needle dense finds in prose (docs/needles-in-prose.md); the bounds give no estimate to stop on
@@ -88,7 +89,7 @@ def test_llama_bench_default_coverage_is_the_servers(tiny_qwen3) -> None:
                            "-r", "1", "-t", "2", "--sparse-attn", "on", "--sparse-attn-min-kv", "0"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ("block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.25 with the key sketch, "
+    assert ("block-sparse attention on (key sketch on the CPU, else key bounds, block 32, coverage 0.5 with the key sketch, "
             "0.625 with the key bounds, tolerance 0.03 with the key sketch,") in proc.stderr
 
 

@@ -73,8 +73,8 @@ def test_the_table_names_every_setting_once() -> None:
         # the accepted values, and the default where there is one, end every help
         assert re.search(re.escape(f" ({r['accepted']}") + r"(; default: [^;]+)?\)$", r["help"]), r
     by_flag = {r["flag"]: r for r in rows}
-    # the struct's coverage 0 is the score's own: the key sketch reads a quarter of the blocks
-    assert "default: 0.25 with the key sketch, 0.625 with the key bounds)" in by_flag["--sparse-attn-coverage"]["help"]
+    # the struct's coverage 0 is the score's own: the key sketch reads at most half of the blocks
+    assert "default: 0.5 with the key sketch, 0.625 with the key bounds)" in by_flag["--sparse-attn-coverage"]["help"]
     assert "(auto, bound or sketch; default: auto)" in by_flag["--sparse-attn-score"]["help"]
     assert "default: 32)" in by_flag["--sparse-attn-block-size"]["help"]
     assert "default: 0.0125)" in by_flag["--scsa-tolerance"]["help"]

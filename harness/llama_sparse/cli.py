@@ -261,12 +261,13 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     else:
         shapes = list(estimate.PRESETS.values())
     contexts = [estimate.parse_context(c) for c in args.context.split(",")]
-    rows = [estimate.estimate(costs, shape, n, cache, args.read_fraction, args.min_kv)
+    fraction = estimate.DEFAULT_CEILING if args.read_fraction is None else args.read_fraction
+    rows = [estimate.estimate(costs, shape, n, cache, fraction, args.min_kv)
             for shape in shapes for n in contexts for cache in (args.cache_type_k or ["f16", "q8_0"])]
     print()
     print(estimate.format_table(rows))
-    print(f"\nthe block method reading {args.read_fraction:.0%} of the blocks (its ceiling; the tolerance reads fewer "
-          f"where attention is concentrated); SCSA at the share of dense's attention it measured")
+    what = "its ceiling; the tolerance reads fewer where attention is concentrated" if args.read_fraction is None else "as asked"
+    print(f"\nthe block method reading {fraction:.0%} of the blocks ({what}); SCSA at the share of dense's attention it measured")
     return 0
 
 
@@ -360,8 +361,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", default="8k,32k,128k", help="tokens, comma-separated (default: 8k,32k,128k)")
     p.add_argument("--cache-type-k", action="append", choices=sorted(("f16", "q8_0")),
                    help="KV cache type (repeatable; default: f16 and q8_0)")
-    p.add_argument("--read-fraction", type=float, default=0.25,
-                   help="the share of blocks the block method reads (default: its ceiling, 0.25)")
+    p.add_argument("--read-fraction", type=float, default=None,
+                   help="the share of blocks the block method reads (default: its ceiling with the key sketch, 0.5)")
     p.add_argument("--min-kv", type=int, default=4096, help="--sparse-attn-min-kv (default 4096)")
     p.add_argument("--calibration", action="append", metavar="REPORT.json",
                    help="an ab report's JSON to fit the costs on (repeatable; default: the current "

@@ -59,7 +59,7 @@ def server_help() -> str:
 def default_sparse_arm(help_text: str) -> Arm | None:
     """`--sparse-attn on` as a user types it, with the coverage it reads by default (from the
     build's own help, for the bound column); None when the build has no sparse method. A help
-    that names a coverage per score ("0.25 with the key sketch, 0.625 with the key bounds") gives
+    that names a coverage per score ("0.5 with the key sketch, 0.625 with the key bounds") gives
     the first: the CPU's, where the demo runs."""
     if "--sparse-attn" not in help_text:
         return None

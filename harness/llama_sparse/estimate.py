@@ -18,7 +18,7 @@ step more. The costs are fitted by least squares (every cost at least 0) to the 
 block-method points of A/B reports, of two models with different head sizes so that a key's
 fixed work and its per-value work can be told apart, and SCSA's attention as its share of
 dense's where it was measured. What it cannot know: how much of a context the tolerance lets the
-method skip on the user's text (the estimate reads the ceiling, a quarter of the blocks, unless
+method skip on the user's text (the estimate reads the ceiling, half of the blocks, unless
 told) and a machine other than the one the reports measured.
 """
 
@@ -36,7 +36,7 @@ from llama_sparse.errors import UserError
 # context (gemma3: five local layers, then a global one)
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "llama4": 4}
 
-DEFAULT_CEILING = 0.25  # the block method's default: at most a quarter of the blocks
+DEFAULT_CEILING = 0.5  # the block method's default with the key sketch: at most half of the blocks
 
 REFERENCE_CACHE = "f16"  # the cache type whose attention costs are fitted term by term
 
