@@ -70,7 +70,7 @@ def test_help_lists_every_flag_with_its_range_and_default(tool: str) -> None:
     # blocks of 32 rows by default: on prose they lose fewer needles than 64 (docs/needles-in-prose.md)
     assert "(a multiple of 32 in [32, 4096]; default: 32)" in entries["--sparse-attn-block-size"], entries
     # at most half the blocks with the key sketch (the default score on the CPU; a ceiling of a
-    # quarter ended diffuse steps above the tolerance and tipped a Gemma 3 needle at 16K), 0.625
+    # quarter ends diffuse steps above the tolerance and tips a Gemma 3 needle at 16K), 0.625
     # with the bounds: the least that kept every needle dense finds in prose (docs/needles-in-prose.md)
     assert "(a number in (0, 1]; default: 0.5 with the key sketch, 0.625 with the key bounds)" in entries["--sparse-attn-coverage"], entries
     assert "(auto, bound or sketch; default: auto)" in entries["--sparse-attn-score"], entries
