@@ -84,6 +84,28 @@ def test_restore_rebuilds_only_the_restored_slot(start_server, smollm2: Path, tm
     assert after["timings"]["prompt_n"] < 16 and after["content"]
 
 
+def test_a_prompt_found_whole_in_the_cache_answers_from_a_dense_row(start_server, smollm2: Path) -> None:
+    """llama-server evaluates the last token of a prompt it finds whole in its cache again, alone
+    in its batch, for the logits of the answer's first token. That row is a prompt's, read as a
+    prefill reads it: the first token's probabilities are a dense server's for the same request,
+    bit for bit, and the request counts no sparse step (the recheck is off, so a sparse row would
+    stay sparse)."""
+    text = reference_text()[:6000]
+
+    def served_again(name: str, flags: list[str]) -> dict:
+        server = start_server(ServerConfig(model=smollm2, ctx_size=4096, extra_args=flags), name=name)
+        server.complete(text, n_predict=1, n_probs=5, id_slot=0)
+        again = server.complete(text, n_predict=1, n_probs=5, id_slot=0)
+        assert again["timings"]["prompt_n"] == 1, "the prompt was not found whole in the cache"
+        return again
+
+    dense = served_again("dense", [])
+    sparse = served_again("top-k", [*TOP_K, "--sparse-attn-recheck", "0"])
+    assert sparse["timings"]["sparse"]["steps_sparse"] == 0, (
+        f"the cached prompt's last token was read as a decode step: {sparse['timings']['sparse']}")
+    assert answers(sparse) == answers(dense)
+
+
 def context_shift_run(start_server, model: Path, name: str, flags: list[str]) -> tuple[str, str]:
     server = start_server(ServerConfig(model=model, ctx_size=1024, extra_args=["--context-shift", *flags]), name=name)
     prompt = reference_text()[:1500]
