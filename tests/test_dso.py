@@ -295,3 +295,34 @@ for mode in ("scsa", "on"):
     for mode in ("scsa", "on"):
         for seq, ok in ((-1, True), (0, True), (3, True), (4, False), (1000, False), (-2, False)):
             assert f"{mode} {seq} {ok}" in proc.stdout, proc.stdout
+
+
+def test_a_prompt_llama_cpp_python_replays_from_its_cache_is_read_as_a_prompt(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """llama-cpp-python's generate() replays the last token of a prompt it finds whole in its cache
+    behind a longer one, alone in its batch, for its logits. sparse_llama's Llama marks that eval a
+    prompt's (llama_sparse_set_seq_prompt): the row is read densely, so the replay counts no sparse
+    step and its logits are a dense Llama's after the same calls, bit for bit (the recheck off, so
+    a sparse row would stay sparse)."""
+    _need_llama_cpp_python()
+    code = f"""
+import numpy as np
+from llama_sparse.python import make_params, read_stats, sparse_llama
+import llama_cpp
+prompt = [20 + (7*i) % 250 for i in range(1200)]   # ids within the tiny vocabulary (282)
+for mode in ("off", "on"):
+    params = make_params(mode, sparse_attn_min_kv=0, sparse_attn_coverage=0.25, sparse_attn_recheck=0)
+    llm = sparse_llama({str(tiny_qwen3)!r}, sparse=params, n_ctx=2048, verbose=False)
+    llm.create_completion(prompt, max_tokens=4, temperature=0.0)    # the cache holds more than the prompt
+    read_stats(llm, reset=True)
+    llm.create_completion(prompt, max_tokens=1, temperature=0.0)    # the prompt found whole: its last token replayed
+    assert llm.n_tokens == len(prompt), llm.n_tokens
+    logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)   # the replayed row's, the last decoded
+    np.save(f"{{mode}}.npy", np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).copy())
+    print(mode, "steps_sparse", read_stats(llm).steps_sparse, flush=True)
+print("identical", bool(np.array_equal(np.load("off.npy"), np.load("on.npy"))))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env=_env_without_sparse(LLAMA_CPP_LIB_PATH=str(lib_dir())))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "on steps_sparse 0" in proc.stdout, proc.stdout
+    assert "identical True" in proc.stdout, proc.stdout

@@ -161,6 +161,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib.llama_sparse_get_stats.restype = ctypes.c_bool
     lib.llama_sparse_get_params.argtypes = [ctypes.c_void_p]
     lib.llama_sparse_get_params.restype = SparseParams
+    lib.llama_sparse_set_seq_prompt.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_bool]
+    lib.llama_sparse_set_seq_prompt.restype = ctypes.c_bool
     return lib
 
 
@@ -201,10 +203,43 @@ def sparse_llama(model_path: str | os.PathLike, mode: str = "on", *, sparse: Spa
         raise ValueError(err.value.decode())
     try:
         llama_kwargs.setdefault("flash_attn", True)
-        return llama_cpp.Llama(model_path=str(model_path), **llama_kwargs)
+        return _prompt_marking_llama()(model_path=str(model_path), **llama_kwargs)
     finally:
         # only this Llama's context: later ones follow the environment again
         lib.llama_sparse_set_process_params(None, None, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_marking_llama() -> type:
+    """llama_cpp.Llama, telling llama which of its rows are a prompt's. llama reads a sequence
+    with one token in a batch as a decode step, and generate() can evaluate a prompt's last token
+    alone: it replays it for its logits when it finds the whole prompt in its cache behind a longer
+    one (or a prompt's last batch holds one token). The first eval of each generate() is the
+    prompt's, marked so (llama_sparse_set_seq_prompt, sequence 0, the one Llama decodes), and read
+    as a prefill reads it: the answer begins from the row it begins from when the prompt is
+    evaluated whole."""
+    import llama_cpp
+
+    lib = _library()
+
+    class SparseLlama(llama_cpp.Llama):
+        _prompt_next = False
+
+        def generate(self, tokens, *args, **kwargs):
+            self._prompt_next = True
+            return super().generate(tokens, *args, **kwargs)
+
+        def eval(self, tokens) -> None:
+            if not self._prompt_next:
+                return super().eval(tokens)
+            self._prompt_next = False
+            lib.llama_sparse_set_seq_prompt(self.ctx, 0, True)
+            try:
+                return super().eval(tokens)
+            finally:
+                lib.llama_sparse_set_seq_prompt(self.ctx, 0, False)
+
+    return SparseLlama
 
 
 def read_stats(llm, seq_id: int = -1, reset: bool = False) -> SparseStats:

@@ -240,8 +240,8 @@ def answer_shared(ctx: GateContext, arms: list[Arm], model: str, n_ctx: int, cac
                   calibration: list[niah.NiahSample] | None = None) -> list[ArmResult]:
     """Every sample prefilled once: the first arm prefills it (one token answered) and saves its
     slot, then every arm, the first included, restores that slot and answers the same prompt from
-    the restored cache, re-reading only the prompt's last token (through its own decode path:
-    sparse arms answer with one sparse step more than alone, never one fewer). Prefill is dense in
+    the restored cache, re-reading only the prompt's last token, alone in its batch (the server
+    marks it a prompt's, so every arm reads it densely, as dense does). Prefill is dense in
     every arm, so the cache is the one each arm would have written itself, and every arm reaches
     its answer the same way: what differs between arms is their decode alone. (A reference that
     answered from its own prefill would differ from the restored arms by more than the method: its
