@@ -288,3 +288,40 @@ def test_the_method_alone_does_not_switch_sparse_attention_on(tiny_qwen3, start_
     assert server.complete("The grass is green. " * 40, n_predict=4)["tokens_predicted"] == 4
     log = server.wait_log("total time")
     assert "scsa: decode read" not in log and "of the visible KV blocks" not in log
+
+
+SCSA_NO_AUDIT = ["--sparse-attn", "scsa", "--sparse-attn-min-kv", "0", "--scsa-calib-steps", "0", "--scsa-audit-steps", "0",
+                 "--scsa-rebuild-interval", "128", "--scsa-block-size", "512", "--scsa-cluster-size", "32"]
+
+
+def _first_tokens_probs(server, prompt: list[int]) -> dict:
+    return server.complete(prompt, n_predict=12, ignore_eos=True, n_probs=4, return_tokens=True)
+
+
+def test_a_recheck_takes_back_thin_scsa_steps(tiny_qwen3, start_server) -> None:
+    """--sparse-attn-recheck with SCSA (off unless given): a step whose two best tokens are closer
+    than the recheck and whose attention read some row other than exactly from the cache is
+    computed again densely. A recheck no logit gap escapes takes back every such step, so each
+    answer token is dense's, bit for bit; without a recheck SCSA computes none again and its
+    figures say so."""
+    from llama_sparse.gates import texts
+
+    config = dict(model=tiny_qwen3, ctx_size=4096, threads=2, cache_prompt=False)
+    dense = start_server(ServerConfig(**config), "dense")
+    prompt = dense.tokenize(texts.reference_text()[:9000])[:1800]
+    want = _first_tokens_probs(dense, prompt)
+
+    plain = _first_tokens_probs(start_server(ServerConfig(**config, extra_args=SCSA_NO_AUDIT), "scsa"), prompt)
+    sp = plain["timings"]["sparse"]
+    assert sp["steps_rechecked"] == 0 and sp["rows_read"] < sp["rows_visible"], sp
+    assert plain["completion_probabilities"] != want["completion_probabilities"], \
+        "SCSA read every row it saw here: the recheck would have nothing to take back"
+
+    every = _first_tokens_probs(start_server(ServerConfig(**config, extra_args=[*SCSA_NO_AUDIT, "--sparse-attn-recheck", "100"]),
+                                             "scsa-recheck"), prompt)
+    sp = every["timings"]["sparse"]
+    # the prompt's last row gives the first token densely; the 11 steps after it each skipped
+    # rows, and each was taken back
+    assert sp["steps_rechecked"] == 11, sp
+    assert every["tokens"] == want["tokens"]
+    assert every["completion_probabilities"] == want["completion_probabilities"]

@@ -72,3 +72,18 @@ def test_block_line_gives_the_steps_computed_again_densely() -> None:
     (rec,) = timings.parse("\n".join(BLOCK_LOG[:-1] + [line]) + "\n")
     assert rec.sparse_read_fraction == 2592 / 10368
     assert rec.sparse_rechecked == (3, 64)
+
+
+def _scsa_response(**sparse: int) -> dict:
+    return {"id_slot": 0, "timings": {
+        "prompt_n": 100, "prompt_ms": 50.0, "prompt_per_token_ms": 0.5, "prompt_per_second": 2000.0,
+        "predicted_n": 40, "predicted_ms": 400.0, "predicted_per_token_ms": 10.0, "predicted_per_second": 100.0,
+        "sparse": {"method": "scsa", "rows_read": 300, "rows_visible": 1000, **sparse}}}
+
+
+def test_scsa_response_gives_its_steps_computed_again_over_its_decode_steps() -> None:
+    # SCSA counts no sparse steps: the fraction computed again is over the request's decode steps
+    assert timings.from_response(_scsa_response(steps_rechecked=6)).sparse_rechecked == (6, 40)
+    # none computed again (SCSA without a recheck, or a server that does not count them): no figure
+    assert timings.from_response(_scsa_response(steps_rechecked=0)).sparse_rechecked is None
+    assert timings.from_response(_scsa_response()).sparse_read_fraction == 0.3

@@ -74,6 +74,9 @@ def from_response(resp: dict[str, Any]) -> RequestTiming:
     if sp["method"] == "scsa":
         if sp["rows_visible"] > 0:
             rec = dataclasses.replace(rec, sparse_read_fraction=sp["rows_read"] / sp["rows_visible"])
+        if sp.get("steps_rechecked", 0) > 0:
+            # SCSA counts no sparse steps: the request's decode steps are the denominator
+            rec = dataclasses.replace(rec, sparse_rechecked=(int(sp["steps_rechecked"]), decode.tokens))
         return rec
     if sp.get("prefill_blocks_visible", 0) > 0:
         rec = dataclasses.replace(rec, prefill_read_fraction=sp["prefill_blocks_read"] / sp["prefill_blocks_visible"])
