@@ -31,7 +31,8 @@ def test_a_sliding_window_layer_attends_its_window() -> None:
 KNOWN = E.Costs(machine="m", per_weight_byte=1e-10, per_layer=5e-5,
                 dense={"f16": (2e-9, 3e-10), "q8_0": (1e-9, 1.5e-10)},      # q8_0 at half of f16's
                 reads={"f16": (6e-10, 9e-11), "q8_0": (3e-10, 4.5e-11)},    # a block read at 0.3 of dense's
-                select=(3e-10, 4e-11), rechecked_fraction=0.05, scsa_share={"f16": 0.15}, source="")
+                select=(3e-10, 4e-11), rechecked_fraction=0.05, scsa_share={"f16": 0.15}, source="",
+                scsa_rechecked_fraction=0.04)
 
 
 def _report(tmp_path: Path, model: str, costs: E.Costs, name: str) -> Path:
@@ -40,6 +41,7 @@ def _report(tmp_path: Path, model: str, costs: E.Costs, name: str) -> Path:
     arms = [{"name": "dense", "flags": []},
             {"name": "everywhere", "flags": ["--sparse-attn", "on", "--sparse-attn-min-kv", "0"]},
             {"name": "scsa", "flags": ["--sparse-attn", "scsa"]},
+            {"name": "scsa-no-audit", "flags": ["--sparse-attn", "scsa", "--scsa-audit-steps", "0"]},
             {"name": "bounds", "flags": ["--sparse-attn", "on", "--sparse-attn-score", "bound"]}]
     t0 = E.weights_time(costs, shape) * 1e3
     results = []
@@ -48,8 +50,9 @@ def _report(tmp_path: Path, model: str, costs: E.Costs, name: str) -> Path:
             e = E.estimate(costs, shape, n, cache, fraction, min_kv=0)
             for arm, ms, extra in (("dense", e.dense_ms, {"t0_ms": t0}),
                                    ("everywhere", e.block_ms, {"read_fraction": fraction, "rechecked_fraction": 0.05}),
-                                   ("scsa", e.scsa_ms, {}), ("bounds", 1.0, {"read_fraction": 0.6})):
-                if ms is None or (arm == "scsa" and n < 4096):
+                                   ("scsa", e.scsa_ms, {"rechecked_fraction": costs.scsa_rechecked_fraction}),
+                                   ("scsa-no-audit", 1.0, {}), ("bounds", 1.0, {"read_fraction": 0.6})):
+                if ms is None or (arm.startswith("scsa") and n < 4096):
                     continue
                 results.append({"arm": arm, "model": model, "context": n, "cache_type": cache, "batch": 1,
                                 "metrics": {"decode_tps_median": 1000.0 / ms, **extra}, "error": None})
@@ -61,8 +64,10 @@ def _report(tmp_path: Path, model: str, costs: E.Costs, name: str) -> Path:
 
 def test_the_fit_finds_the_costs_that_made_the_points(tmp_path: Path) -> None:
     reports = [E.read_report(_report(tmp_path, m, KNOWN, m)) for m in E.GATE_MODELS]
-    # the bounds' arm is not the block method's defaults: it is left out, not fitted
+    # the bounds' arm is not the block method's defaults, nor SCSA without audits SCSA's: they are
+    # left out, not fitted
     assert {p.method for r in reports for p in r.points} == {"dense", "block", "scsa"}
+    assert not [p for r in reports for p in r.points if p.arm == "scsa-no-audit"]
     fitted = E.calibrate(reports)
     assert fitted.per_weight_byte == pytest.approx(KNOWN.per_weight_byte, rel=1e-6)
     assert fitted.per_layer == pytest.approx(KNOWN.per_layer, rel=1e-6)
@@ -71,6 +76,8 @@ def test_the_fit_finds_the_costs_that_made_the_points(tmp_path: Path) -> None:
         assert fitted.reads[cache] == pytest.approx(KNOWN.reads[cache], rel=1e-6)
     assert fitted.select == pytest.approx(KNOWN.select, rel=1e-6)
     assert fitted.scsa_share["f16"] == pytest.approx(0.15, rel=1e-6)
+    # SCSA's steps computed again cost a dense step each, apart from its share of the attention
+    assert fitted.scsa_rechecked_fraction == pytest.approx(0.04)
     _, worst = E.error_table(fitted, E.GATE_MODELS["gemma3-270m"], reports[1].points)
     assert worst < 1e-6
 

@@ -299,10 +299,10 @@ def _first_tokens_probs(server, prompt: list[int]) -> dict:
 
 
 def test_a_recheck_takes_back_thin_scsa_steps(tiny_qwen3, start_server) -> None:
-    """--sparse-attn-recheck with SCSA (off unless given): a step whose two best tokens are closer
-    than the recheck and whose attention read some row other than exactly from the cache is
+    """--sparse-attn-recheck with SCSA (0.25 nats unless given): a step whose two best tokens are
+    closer than the recheck and whose attention read some row other than exactly from the cache is
     computed again densely. A recheck no logit gap escapes takes back every such step, so each
-    answer token is dense's, bit for bit; without a recheck SCSA computes none again and its
+    answer token is dense's, bit for bit; with the recheck at 0 SCSA computes none again and its
     figures say so."""
     from llama_sparse.gates import texts
 
@@ -311,7 +311,7 @@ def test_a_recheck_takes_back_thin_scsa_steps(tiny_qwen3, start_server) -> None:
     prompt = dense.tokenize(texts.reference_text()[:9000])[:1800]
     want = _first_tokens_probs(dense, prompt)
 
-    plain = _first_tokens_probs(start_server(ServerConfig(**config, extra_args=SCSA_NO_AUDIT), "scsa"), prompt)
+    plain = _first_tokens_probs(start_server(ServerConfig(**config, extra_args=[*SCSA_NO_AUDIT, "--sparse-attn-recheck", "0"]), "scsa"), prompt)
     sp = plain["timings"]["sparse"]
     assert sp["steps_rechecked"] == 0 and sp["rows_read"] < sp["rows_visible"], sp
     assert plain["completion_probabilities"] != want["completion_probabilities"], \

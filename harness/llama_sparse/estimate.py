@@ -129,6 +129,7 @@ class Costs:
     rechecked_fraction: float                # steps computed again densely, as measured
     scsa_share: dict[str, float]             # cache type -> SCSA's attention time as a share of dense's
     source: str
+    scsa_rechecked_fraction: float = 0.0     # SCSA's steps computed again densely, as measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +197,8 @@ def estimate(costs: Costs, shape: ModelShape, n_ctx: int, cache_type: str = "f16
         block = (t_local + g.attention(costs.reads[cache_type], read_fraction) + g.selection(costs.select)
                  + costs.rechecked_fraction * dense)
         share = costs.scsa_share.get(cache_type)
-        scsa = t_local + share * g.attention(costs.dense[cache_type]) if share is not None else None
+        scsa = (t_local + share * g.attention(costs.dense[cache_type]) + costs.scsa_rechecked_fraction * dense
+                if share is not None else None)
     return Estimate(shape.name, n_ctx, cache_type, dense * 1e3, block * 1e3,
                     scsa * 1e3 if scsa is not None else None)
 
@@ -225,12 +227,13 @@ def _flag(flags: list[str], name: str) -> str | None:
 
 def arm_method(flags: list[str]) -> str | None:
     """What an arm's flags run: dense, the block method with the key sketch's defaults (the
-    recheck may be off), SCSA; None for anything else (the bounds, another budget)."""
+    recheck may be off), SCSA with its defaults (the recheck may be off); None for anything else
+    (the bounds, another budget, SCSA without its audits)."""
     mode = _flag(flags, "--sparse-attn")
     if mode is None or mode == "off":
         return "dense"
     if mode == "scsa":
-        return "scsa"
+        return None if any(f.startswith("--scsa-") and f != "--scsa-taus" for f in flags) else "scsa"
     tuned = {"--sparse-attn-score", "--sparse-attn-coverage", "--sparse-attn-topk", "--sparse-attn-tolerance",
              "--sparse-attn-block-size", "--sparse-attn-sink", "--sparse-attn-recent"}
     return "block" if mode in ("on", "auto") and not tuned & set(flags) else None
@@ -345,14 +348,18 @@ def fit(reports: list[Report], shapes: dict[str, ModelShape]) -> Costs:
         scsa_pts = [(sh, p) for sh, p in scsa_pts if not sh.swa_window]
     scsa_share: dict[str, list[float]] = {}
     for sh, p in scsa_pts:
-        spent = p.ms / 1e3 - t_w(sh) - units(sh, p.n_ctx, "local").attention(dense[p.cache_type])
+        # a step its recheck computed again costs a dense step, as the block method's does
+        dense_step = t_w(sh) + units(sh, p.n_ctx).attention(dense[p.cache_type])
+        spent = (p.ms / 1e3 - t_w(sh) - units(sh, p.n_ctx, "local").attention(dense[p.cache_type])
+                 - (p.rechecked_fraction or 0.0) * dense_step)
         scsa_share.setdefault(p.cache_type, []).append(max(0.0, spent / units(sh, p.n_ctx, "global").attention(dense[p.cache_type])))
     return Costs(machine=machines.pop(), per_weight_byte=per_weight_byte, per_layer=per_layer, dense=dense,
                  reads={c: (read_share * a0, read_share * a1) for c, (a0, a1) in dense.items()},
                  select=(s0, s1),
                  rechecked_fraction=float(np.median([p.rechecked_fraction or 0.0 for _, p in block])),
                  scsa_share={c: float(np.median(v)) for c, v in scsa_share.items()},
-                 source=", ".join(r.path.name for r in reports))
+                 source=", ".join(r.path.name for r in reports),
+                 scsa_rechecked_fraction=float(np.median([p.rechecked_fraction or 0.0 for _, p in scsa_pts])) if scsa_pts else 0.0)
 
 
 def format_table(rows: list[Estimate]) -> str:
@@ -378,7 +385,8 @@ def error_table(costs: Costs, shape: ModelShape, points: list[Point], fit_limit:
     for p in points:
         if p.cache_type not in costs.dense or (p.method == "block" and p.read_fraction is None):
             continue
-        c = dataclasses.replace(costs, rechecked_fraction=p.rechecked_fraction or 0.0)
+        c = dataclasses.replace(costs, rechecked_fraction=p.rechecked_fraction or 0.0,
+                                scsa_rechecked_fraction=p.rechecked_fraction or 0.0)
         e = estimate(c, shape, p.n_ctx, p.cache_type, p.read_fraction or DEFAULT_CEILING, p.min_kv)
         est = {"dense": e.dense_ms, "block": e.block_ms, "scsa": e.scsa_ms}[p.method]
         if est is None:
@@ -429,5 +437,5 @@ def describe(costs: Costs) -> str:
         f"  block method, per key read: {per_cache(costs.reads, '(dk + dv)')}; "
         f"its selection per key {pair(costs.select, 'dk')}; "
         f"{costs.rechecked_fraction:.1%} of its steps computed again",
-        f"  SCSA: its attention {scsa} of dense's",
+        f"  SCSA: its attention {scsa} of dense's; {costs.scsa_rechecked_fraction:.1%} of its steps computed again",
     ])

@@ -295,7 +295,7 @@ README_ROWS = (
               "dense below 4096 rows and where a step is thin", "default", "sparse"),
     ReadmeRow("`--sparse-attn scsa`",
               "clustered attention: keys grouped per head, clusters bounded and read exactly where "
-              "they could matter, dense below 4096 rows, self-calibrated, audited in the first steps after each prompt", "scsa", "scsa"),
+              "they could matter, dense below 4096 rows and where a step is thin, self-calibrated, audited in the first steps after each prompt", "scsa", "scsa"),
 )
 
 
