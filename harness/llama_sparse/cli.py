@@ -85,6 +85,22 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from llama_sparse import profile
+    from llama_sparse.estimate import parse_context
+
+    flags = list(args.flags or [])
+    if flags and flags[0] == "--":
+        flags = flags[1:]
+    if args.yarn_orig_ctx:
+        flags = ["--rope-scaling", "yarn", "--rope-scale", str(args.yarn_scale), "--yarn-orig-ctx",
+                 str(args.yarn_orig_ctx), *flags]
+    p = profile.run(args.model, parse_context(args.context), args.n_predict, flags, Path(args.out),
+                    Path(args.slots) if args.slots else None, threads=args.threads)
+    print(profile.table(p))
+    return 0
+
+
 def _cmd_fuzz(args: argparse.Namespace) -> int:
     from llama_sparse import fuzz
 
@@ -336,6 +352,21 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("--out", default="results/smoke", help="folder for the server log")
     p.set_defaults(func=_cmd_smoke)
+
+    p = sub.add_parser("profile", help="where a decode step's time goes at a context: perf samples of llama-server "
+                                       "by part (the key sketch, the walk, the reads, the weights ...)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--context", default="32k", help="tokens the decode ends at (default 32k)")
+    p.add_argument("--n-predict", type=int, default=64, help="decode steps sampled (default 64)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--yarn-orig-ctx", type=int, help="serve with YaRN rope scaling over this trained context "
+                                                     "(SmolLM2 past 8K: 8192)")
+    p.add_argument("--yarn-scale", type=float, default=4.0)
+    p.add_argument("--slots", help="folder of saved prompts, reused by later runs of the same model and "
+                                   "context (default: OUT/slots)")
+    p.add_argument("--out", default="results/profile", help="folder for the server log and perf.data")
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then llama-server flags (--sparse-attn on ...)")
+    p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("gate", help="run a gate defined in a YAML file (see gates/)")
     p.add_argument("file", nargs="?", help="gates/NAME.yaml")

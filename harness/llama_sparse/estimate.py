@@ -404,9 +404,9 @@ def parse_context(text: str) -> int:
     try:
         n = int(t[:-1] if mult > 1 else t) * mult
     except ValueError:
-        raise UserError(f"estimate: --context {text!r}: a number of tokens, as 32768 or 32k") from None
+        raise UserError(f"--context {text!r}: a number of tokens, as 32768 or 32k") from None
     if n <= 0:
-        raise UserError(f"estimate: --context {text!r} must be positive")
+        raise UserError(f"--context {text!r} must be positive")
     return n
 
 
