@@ -1,10 +1,9 @@
 // Probe (not built with the stack): the key sketch's scores, 16 keys at a time, from the layout the
-// KV cache keeps today (one q4_0 row per cell, every KV head side by side: the select kernel's
-// fused AVX-512 VNNI tile, copied) against three others computing the same integer sums and float
-// steps, so the same bits (checked): the rows regrouped in registers (four keys per 128-bit lane),
-// the rows with the sixteen scales gathered, and a transposed layout (per 16 cells, KV head and
-// 32 dimensions: the sixteen f16 scales, then four 64-byte rows whose 32-bit lane k holds four
-// dimensions of key k as nibbles). 30 layers' copies, so that the scan streams from memory as a
+// KV cache keeps today (one q4_0 row per cell, its KV heads side by side; the select kernel's fused
+// AVX-512 VNNI tile, copied) against a transposed layout that computes the same integer sums and
+// float steps, so the same bits (checked). The transposed layout holds, per 16 cells, KV head and
+// 32 dimensions, the sixteen f16 scales and then four 64-byte rows whose 32-bit lane k holds four
+// dimensions of key k as nibbles. 30 layers' copies, so that the scan streams from memory as a
 // decode step's does; one thread; the best of 15 passes.
 //
 //   g++ -O3 -march=native -std=c++17 tools/probes/sketch_layout.cpp -o /tmp/sketch_layout
@@ -66,46 +65,6 @@ static inline void tile16_rowmajor(const char * k0, size_t nb1, const char * q8,
         _mm512_storeu_ps(sc + g*stride, _mm512_mul_ps(_mm512_set1_ps(scale), acc[g]));
 }
 
-template <int NG>
-static inline void tile16_rowgather(const char * k0, size_t nb1, const char * q8, size_t q8_row, const int32_t * q8_sums,
-                                   float scale, float * sc, int64_t stride) {
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    const __m512i halves = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    __m512 acc[NG];
-    for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-    for (int64_t ib = 0; ib < NB; ++ib) {
-        const size_t off = ib*sizeof(block_q4_0);
-        __m512i w[8];
-        for (int j = 0; j < 8; ++j) {
-            const int lo = j < 4 ? j : j + 4;
-            const __m128i a  = _mm_loadu_si128((const __m128i *) (k0 + lo*nb1 + off + 2));
-            const __m128i b  = _mm_loadu_si128((const __m128i *) (k0 + (lo + 4)*nb1 + off + 2));
-            const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
-            w[j] = _mm512_and_si512(nibble, _mm512_permutex2var_epi64(_mm512_castsi256_si512(ab), halves,
-                                                                      _mm512_castsi256_si512(_mm256_srli_epi16(ab, 4))));
-        }
-        const __m512i voff = _mm512_mullo_epi32(_mm512_setr_epi32(0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15), _mm512_set1_epi32((int) nb1));
-        const __m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(voff, k0 + off, 1)));
-        for (int g = 0; g < NG; ++g) {
-            const block_q8_0 * y = (const block_q8_0 *) (q8 + g*q8_row) + ib;
-            const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) y->qs));
-            __m512i p[8];
-            for (int j = 0; j < 8; ++j) p[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[j], qy);
-            __m512i r[4];
-            for (int j = 0; j < 4; ++j)
-                r[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2*j], p[2*j + 1]), _mm512_unpackhi_epi32(p[2*j], p[2*j + 1]));
-            const __m512i ra = _mm512_add_epi32(_mm512_unpacklo_epi64(r[0], r[1]), _mm512_unpackhi_epi64(r[0], r[1]));
-            const __m512i rb = _mm512_add_epi32(_mm512_unpacklo_epi64(r[2], r[3]), _mm512_unpackhi_epi64(r[2], r[3]));
-            __m512i sum = _mm512_add_epi32(_mm512_shuffle_i32x4(ra, rb, 0x88), _mm512_shuffle_i32x4(ra, rb, 0xDD));
-            sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(q8_sums[g*NB + ib]));
-            const __m512 d = _mm512_mul_ps(dk, _mm512_set1_ps(h2f(y->d)));
-            acc[g] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[g]);
-        }
-    }
-    for (int g = 0; g < NG; ++g)
-        _mm512_storeu_ps(sc + g*stride, _mm512_mul_ps(_mm512_set1_ps(scale), acc[g]));
-}
-
 // transposed: per (16 keys, head, ib): 16 f16 scales, then 4 x 64 bytes; byte (m, key k, t) of
 // row m holds dim 4m+t of key k in its low nibble and dim 4(m+4)+t in its high nibble
 constexpr size_t TB = 32 + 256;
@@ -138,64 +97,6 @@ static inline void tile16_transposed(const char * t0, const int32_t * qw, const 
         _mm512_storeu_ps(sc + g*stride, _mm512_mul_ps(_mm512_set1_ps(scale), acc[g]));
 }
 
-// rows as today, transposed in registers once per tile for all heads: four keys per register (one
-// per 128-bit lane), a 4x4 dword transpose in each lane, so that lane p holds key (p%4)*4 + p/4's
-// dims 4m..4m+3; the heads' dot products then need no transpose of their sums
-template <int NG>
-static inline void tile16_regT(const char * k0, size_t nb1, const char * q8, size_t q8_row, const int32_t * q8_sums,
-                               float scale, float * sc, int64_t stride) {
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    // position p = 4*L + e holds key L + 4*e
-    const __m512i kidx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i voff = _mm512_mullo_epi32(kidx, _mm512_set1_epi32((int) nb1));
-    // key k's score sits at position 4*(k%4) + k/4
-    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    __m512 acc[NG];
-    for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-    for (int64_t ib = 0; ib < NB; ++ib) {
-        const size_t off = ib*sizeof(block_q4_0);
-        auto load4 = [&](int k) {
-            const char * b = k0 + off + 2;
-            __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *) (b + (k + 0)*nb1)));
-            z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *) (b + (k + 1)*nb1)), 1);
-            z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *) (b + (k + 2)*nb1)), 2);
-            z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *) (b + (k + 3)*nb1)), 3);
-            return z;
-        };
-        const __m512i za = load4(0), zb = load4(4), zc = load4(8), zd = load4(12);
-        const __m512i t0 = _mm512_unpacklo_epi32(za, zb), t1 = _mm512_unpackhi_epi32(za, zb);
-        const __m512i t2 = _mm512_unpacklo_epi32(zc, zd), t3 = _mm512_unpackhi_epi32(zc, zd);
-        const __m512i dw[4] = { _mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
-                                _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3) };
-        __m512i w[8];
-        for (int m = 0; m < 4; ++m) {
-            w[m]     = _mm512_and_si512(dw[m], nibble);
-            w[m + 4] = _mm512_and_si512(_mm512_srli_epi16(dw[m], 4), nibble);
-        }
-        auto dbits = [&](int i) { return (short) ((const block_q4_0 *) (k0 + i*nb1 + off))->d; };
-        const __m512 dk = _mm512_cvtph_ps(_mm256_setr_epi16(
-                dbits(0), dbits(4), dbits(8),  dbits(12),  dbits(1),  dbits(5),  dbits(9),  dbits(13),
-                dbits(2), dbits(6), dbits(10), dbits(14), dbits(3), dbits(7), dbits(11), dbits(15)));
-        for (int g = 0; g < NG; ++g) {
-            const block_q8_0 * y = (const block_q8_0 *) (q8 + g*q8_row) + ib;
-            const int32_t * qw = (const int32_t *) y->qs;
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(qw[0]));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(qw[1]));
-            s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(qw[2]));
-            s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_set1_epi32(qw[3]));
-            s0 = _mm512_dpbusd_epi32(s0, w[4], _mm512_set1_epi32(qw[4]));
-            s1 = _mm512_dpbusd_epi32(s1, w[5], _mm512_set1_epi32(qw[5]));
-            s0 = _mm512_dpbusd_epi32(s0, w[6], _mm512_set1_epi32(qw[6]));
-            s1 = _mm512_dpbusd_epi32(s1, w[7], _mm512_set1_epi32(qw[7]));
-            __m512i sum = _mm512_add_epi32(s0, s1);
-            sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(q8_sums[g*NB + ib]));
-            const __m512 d = _mm512_mul_ps(dk, _mm512_set1_ps(h2f(y->d)));
-            acc[g] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[g]);
-        }
-    }
-    for (int g = 0; g < NG; ++g)
-        _mm512_storeu_ps(sc + g*stride, _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_permutexvar_ps(back, acc[g])));
-}
 
 int main(int argc, char ** argv) {
     const int64_t N = argc > 1 ? atoll(argv[1]) : 32768;
@@ -244,24 +145,14 @@ int main(int argc, char ** argv) {
                            &sums[h*G*NB], scale, &a[h*G*N + c0], N); };
     auto run_b = [&]() { for (int L = 0; L < 30; ++L) for (int64_t c0 = 0; c0 < N; c0 += 16) for (int h = 0; h < H; ++h)
         tile16_transposed<G>(trL[L].data() + ((c0/16)*H + h)*NB*TB, &qw[h*G*NB*8], &qd[h*G*NB], &sums[h*G*NB], scale, &b[h*G*N + c0], N); };
-    std::vector<float> c(H*G*N);
-    auto run_c = [&]() { for (int L = 0; L < 30; ++L) for (int64_t c0 = 0; c0 < N; c0 += 16) for (int h = 0; h < H; ++h)
-        tile16_regT<G>((const char *) &rowsL[L][(c0*H + h)*NB], H*NB*sizeof(block_q4_0), (const char *) &q8[h*G*NB], NB*sizeof(block_q8_0),
-                       &sums[h*G*NB], scale, &c[h*G*N + c0], N); };
-    std::vector<float> e(H*G*N);
-    auto run_e = [&]() { for (int L = 0; L < 30; ++L) for (int64_t c0 = 0; c0 < N; c0 += 16) for (int h = 0; h < H; ++h)
-        tile16_rowgather<G>((const char *) &rowsL[L][(c0*H + h)*NB], H*NB*sizeof(block_q4_0), (const char *) &q8[h*G*NB], NB*sizeof(block_q8_0),
-                       &sums[h*G*NB], scale, &e[h*G*N + c0], N); };
-    run_a(); run_b(); run_c(); run_e();
-    printf("rowgather bit-identical: %s\n", memcmp(a.data(), e.data(), a.size()*4) == 0 ? "yes" : "NO");
-    printf("regT bit-identical: %s\n", memcmp(a.data(), c.data(), a.size()*4) == 0 ? "yes" : "NO");
+    run_a(); run_b();
     printf("transposed bit-identical: %s\n", memcmp(a.data(), b.data(), a.size()*4) == 0 ? "yes" : "NO");
-    double besta = 1e9, bestb = 1e9, bestc = 1e9, beste = 1e9; for (int rep = 0; rep < 15; ++rep) {
+    double besta = 1e9, bestb = 1e9; for (int rep = 0; rep < 15; ++rep) {
         auto t0 = std::chrono::steady_clock::now(); run_a();
         auto t1 = std::chrono::steady_clock::now(); run_b();
-        auto t2 = std::chrono::steady_clock::now(); run_c(); auto t3 = std::chrono::steady_clock::now(); run_e(); auto t4 = std::chrono::steady_clock::now(); beste = std::min(beste, std::chrono::duration<double, std::milli>(t4 - t3).count());
+        auto t2 = std::chrono::steady_clock::now();
         const double ma = std::chrono::duration<double, std::milli>(t1 - t0).count(), mb = std::chrono::duration<double, std::milli>(t2 - t1).count();
-        besta = std::min(besta, ma); bestb = std::min(bestb, mb); bestc = std::min(bestc, std::chrono::duration<double, std::milli>(t3 - t2).count());
+        besta = std::min(besta, ma); bestb = std::min(bestb, mb);
     }
-    printf("%lld keys x %d KV heads x %d query heads x 30 layers, best of 15: rows %.2f ms, transposed %.2f ms (%.2fx), rows transposed in registers %.2f ms (%.2fx), rows with gathered scales %.2f ms (%.2fx)\n", (long long) N, H, G, besta, bestb, besta/bestb, bestc, besta/bestc, beste, besta/beste);
+    printf("%lld keys x %d KV heads x %d query heads x 30 layers, best of 15: rows %.2f ms, transposed %.2f ms (%.2fx)\n", (long long) N, H, G, besta, bestb, besta/bestb);
 }
