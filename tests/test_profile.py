@@ -79,3 +79,15 @@ def test_scsa_is_sampled_once_calibrated():
     assert profile.warmup_steps(["--sparse-attn", "on"]) == 8
     assert profile.warmup_steps(["--sparse-attn", "scsa"]) == 8 + 32
     assert profile.warmup_steps(["--sparse-attn", "scsa", "--scsa-calib-steps", "16"]) == 8 + 16
+
+
+def test_a_saved_prompt_serves_only_runs_whose_prefill_writes_the_same_cache():
+    from pathlib import Path
+    m = Path("/models/SmolLM2.gguf")
+    yarn = ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "8192"]
+    block = profile.slot_name(m, 32768, yarn + ["--sparse-attn", "on", "--sparse-attn-recheck", "0"])
+    scsa = profile.slot_name(m, 32768, yarn + ["--sparse-attn", "scsa", "--scsa-audit-steps", "0"])
+    assert block == scsa
+    assert profile.slot_name(m, 32768, ["--sparse-attn", "on"]) != block  # no YaRN: another cache
+    assert profile.slot_name(m, 32768, yarn + ["--sparse-prefill", "on"]) != block
+    assert profile.slot_name(m, 8192, yarn) != profile.slot_name(m, 32768, yarn)

@@ -11,11 +11,11 @@ while every thread is busy (a thread waiting at a barrier spins, and is counted 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
 import subprocess
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +134,25 @@ def warmup_steps(flags: list[str]) -> int:
     return 8 + calib
 
 
+def slot_name(model: Path, context: int, flags: list[str]) -> str:
+    """The saved prompt's file: its model, length and the flags that change what a prefill writes
+    (RoPE scaling, cache types, --sparse-prefill ...); the decode methods' own flags do not (a
+    prompt is read densely under --sparse-attn on|scsa), so their runs share one prefill."""
+    decode_only = ("--sparse-attn", "--scsa-")
+    kept: list[str] = []
+    skip_value = False
+    for f in flags:
+        if skip_value:
+            skip_value = False
+            continue
+        if f.startswith(decode_only):
+            skip_value = "=" not in f
+            continue
+        kept.append(f)
+    key = hashlib.sha256("\0".join(kept).encode()).hexdigest()[:12]
+    return f"{model.stem}-{context}-{key}.bin"
+
+
 def run(model: str, context: int, n_predict: int, flags: list[str], out_dir: Path, slot_dir: Path | None,
         threads: int = 2, log=print) -> Profile:
     if shutil.which("perf") is None:
@@ -142,7 +161,7 @@ def run(model: str, context: int, n_predict: int, flags: list[str], out_dir: Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     slot_dir = (slot_dir or out_dir / "slots").resolve()
     slot_dir.mkdir(parents=True, exist_ok=True)
-    slot = f"{path.stem}-{context}.bin"
+    slot = slot_name(path, context, flags)
     cfg = ServerConfig(model=path, ctx_size=context + 64, threads=threads,
                        extra_args=["--slot-save-path", f"{slot_dir}/", *flags])
     data = out_dir / "perf.data"
@@ -174,7 +193,6 @@ def run(model: str, context: int, n_predict: int, flags: list[str], out_dir: Pat
         unsampled = server.complete(prompt, n_predict, ignore_eos=True).get("timings") or {}
     if not perf or not data.exists():
         raise UserError("perf recorded nothing (is perf allowed here? see /proc/sys/kernel/perf_event_paranoid)")
-    time.sleep(0.1)
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "comm,tid,time,event,ip,sym,dso"],
                             capture_output=True, text=True, check=True).stdout
     stacks = samples_of(script)
