@@ -91,3 +91,11 @@ def test_a_saved_prompt_serves_only_runs_whose_prefill_writes_the_same_cache():
     assert profile.slot_name(m, 32768, ["--sparse-attn", "on"]) != block  # no YaRN: another cache
     assert profile.slot_name(m, 32768, yarn + ["--sparse-prefill", "on"]) != block
     assert profile.slot_name(m, 8192, yarn) != profile.slot_name(m, 32768, yarn)
+
+
+def test_a_sampled_answer_longer_than_the_context_is_refused_before_any_server_starts(tmp_path):
+    import pytest
+    from llama_sparse.errors import UserError
+    with pytest.raises(UserError, match="--n-predict 4096"):
+        profile.run("smollm2-135m", 4096, 4096, [], tmp_path, None)
+    assert not any(tmp_path.iterdir())

@@ -155,6 +155,8 @@ def slot_name(model: Path, context: int, flags: list[str]) -> str:
 
 def run(model: str, context: int, n_predict: int, flags: list[str], out_dir: Path, slot_dir: Path | None,
         threads: int = 2, log=print) -> Profile:
+    if not 1 <= n_predict < context - 16:
+        raise UserError(f"profile: --n-predict {n_predict} must be at least 1 and well below --context {context}")
     if shutil.which("perf") is None:
         raise UserError("perf is not installed (Debian: apt-get install linux-perf)")
     path = models.resolve(model, log)
