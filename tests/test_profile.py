@@ -99,3 +99,44 @@ def test_a_sampled_answer_longer_than_the_context_is_refused_before_any_server_s
     with pytest.raises(UserError, match="--n-predict 4096"):
         profile.run("smollm2-135m", 4096, 4096, [], tmp_path, None)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_sampled_window_opens_at_the_first_streamed_token(tmp_path):
+    """complete_streamed() calls back once, at the first event, and returns the last (the one
+    with the timings), from a stand-in for llama-server's event stream."""
+    import http.server
+    import json
+    import threading
+    from pathlib import Path
+
+    from llama_sparse.server import ServerConfig, ServerProcess
+
+    events = [{"content": "a"}, {"content": "b"}, {"content": "", "stop": True, "timings": {"predicted_n": 2}}]
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for e in events:
+                self.wfile.write(b"data: " + json.dumps(e).encode() + b"\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = ServerProcess(ServerConfig(model=Path("m.gguf")), tmp_path / "log")
+        server.port = httpd.server_address[1]
+        calls: list[int] = []
+        last = server.complete_streamed([1, 2, 3], 2, on_first_token=lambda: calls.append(len(calls)),
+                                        ignore_eos=True)
+    finally:
+        httpd.shutdown()
+    assert calls == [0]
+    assert last["timings"] == {"predicted_n": 2}
+    assert seen[0]["stream"] is True and seen[0]["ignore_eos"] is True and seen[0]["prompt"] == [1, 2, 3]
+    assert seen[0]["temperature"] == 0.0  # the greedy body complete() sends

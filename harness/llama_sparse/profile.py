@@ -20,8 +20,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from llama_sparse import models
 from llama_sparse.errors import UserError
 from llama_sparse.gates.ab import prompt_tokens
@@ -103,26 +101,6 @@ def shares(stacks: list[list[str]]) -> dict[str, float]:
     return {name: n / total for name, n in counts.most_common()} if total else {}
 
 
-def _stream_completion(server: ServerProcess, prompt: list[int], n_predict: int, on_first_token) -> dict:
-    """A greedy streamed /completion; calls on_first_token() once the first token is out and
-    returns the last event (with the timings)."""
-    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "cache_prompt": True,
-            "ignore_eos": True, "stream": True}
-    last: dict = {}
-    first = True
-    with requests.post(f"{server.url}/completion", json=body, stream=True, timeout=3600) as r:
-        r.raise_for_status()
-        for raw in r.iter_lines():
-            if not raw.startswith(b"data: "):
-                continue
-            event = json.loads(raw[6:])
-            if first:
-                on_first_token()
-                first = False
-            last = event
-    return last
-
-
 def warmup_steps(flags: list[str]) -> int:
     """Steps decoded before the sampled request: 8, or with SCSA its calibration window too, so
     that the sampled steps are those of a calibrated server (each request still pays its audits)."""
@@ -186,7 +164,7 @@ def run(model: str, context: int, n_predict: int, flags: list[str], out_dir: Pat
 
         log(f"decoding {n_predict} tokens under perf ...")
         try:
-            last = _stream_completion(server, prompt, n_predict, start)
+            last = server.complete_streamed(prompt, n_predict, on_first_token=start, ignore_eos=True)
         finally:
             for p in perf:
                 p.send_signal(signal.SIGINT)

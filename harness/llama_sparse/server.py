@@ -7,6 +7,7 @@ its log (captured to a file); the process is stopped on exit, Ctrl-C and test fa
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -248,11 +249,31 @@ class ServerProcess:
     def detokenize(self, tokens: list[int]) -> str:
         return self.request("POST", "/detokenize", json={"tokens": tokens})["content"]
 
+    def _completion_body(self, prompt: str | list[int], n_predict: int, params: dict[str, Any]) -> dict[str, Any]:
+        return {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": self.config.cache_prompt, "seed": self.config.seed, **params}
+
     def complete(self, prompt: str | list[int], n_predict: int = 32, **params: Any) -> dict[str, Any]:
         """A greedy /completion unless params say otherwise."""
-        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
-                "cache_prompt": self.config.cache_prompt, "seed": self.config.seed, **params}
-        return self.request("POST", "/completion", json=body)
+        return self.request("POST", "/completion", json=self._completion_body(prompt, n_predict, params))
+
+    def complete_streamed(self, prompt: str | list[int], n_predict: int = 32,
+                          on_first_token: Callable[[], None] | None = None, timeout: float = 3600,
+                          **params: Any) -> dict[str, Any]:
+        """complete() streamed: calls on_first_token() once the first token is out (the prompt
+        evaluated) and returns the last event, which carries the timings."""
+        body = {**self._completion_body(prompt, n_predict, params), "stream": True}
+        last: dict[str, Any] = {}
+        with requests.post(f"{self.url}/completion", json=body, stream=True, timeout=timeout) as r:
+            if r.status_code != 200:
+                raise ServerError(f"/completion answered {r.status_code}: {r.text[:300]}\n{self.log_tail()}")
+            for raw in r.iter_lines():
+                if not raw.startswith(b"data: "):
+                    continue
+                if not last and on_first_token is not None:
+                    on_first_token()
+                last = json.loads(raw[6:])
+        return last
 
     def complete_timed(self, prompt: str | list[int], n_predict: int = 32,
                        **params: Any) -> tuple[dict[str, Any], timings.RequestTiming]:
