@@ -37,7 +37,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SCSA: exact steps (calibration, audits)", ("attend_calibrate", "attend_dense")),
     ("SCSA: plans, estimates, attention", ("scsa",)),
     ("weights (matrix products)", ("mul_mat", "ggml_gemm", "ggml_gemv")),
-    ("key bounds and sketch: fill", ("sparse_attn_fill", "set_rows")),
+    ("key bounds and sketch: fill", ("sparse_attn_fill",)),
 )
 OTHER = "other (norms, RoPE, graph, server)"
 # where no frame names a part: a stack cut at its leaf, whose quantized dot product is most

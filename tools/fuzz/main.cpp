@@ -10,7 +10,8 @@
 //     right, sink and recent blocks kept, no more blocks than budget + sink + recent;
 //   - a row whose every visible block is selected gives the dense result bit for bit.
 // A third of the cases run the key sketch instead (--sparse-attn-score sketch): the fill also
-// keeps each block's value sum and count, the selection ranks blocks by their softmax mass from
+// keeps each block's value sum and count and writes each new key's q4_0 copy into the sketch's
+// tiles (checked against ggml_sparse_attn_sketch_pack), the selection ranks blocks by their softmax mass from
 // a q4_0 copy of the keys and flash attention lets the unselected blocks in as their value mean.
 // Besides the checks above: every block whose visible rows are not the rows it counts is read,
 // and with keys and values constant over each block (exactly representable in q4_0) the tails
@@ -217,7 +218,29 @@ struct graph_out {
     std::vector<float>   filled, sparse, dense;
     std::vector<int32_t> sel;
     std::vector<int32_t> sel_whole; // with a tolerance: the same selection reading its whole budget
+    std::vector<uint8_t> sketch;    // the key sketch after the fill
 };
+
+// the key sketch of every cell (a stream's cells rounded up to whole tiles of 16, the rest
+// zero), in the sketch's tiles; with blank, the rows of the cells blank holds are 0x7c bytes
+// instead (f16 NaN scales), for the fill to overwrite
+std::vector<uint8_t> sketch_tiles(const fuzz_case & c, const std::vector<float> & keys, const std::vector<int64_t> * blank) {
+    const int64_t row = c.D*c.n_head_kv, n16 = GGML_PAD(c.n_kv, 16);
+    const size_t  rb  = ggml_row_size(GGML_TYPE_Q4_0, row);
+    std::vector<float>   k(row*n16, 0.0f);
+    std::vector<uint8_t> q4(rb*n16), out(rb*n16*c.n_stream);
+    for (int64_t s = 0; s < c.n_stream; ++s) {
+        std::copy_n(keys.begin() + s*c.n_kv*row, c.n_kv*row, k.begin());
+        ggml_quantize_chunk(GGML_TYPE_Q4_0, k.data(), q4.data(), 0, n16, row, nullptr);
+        for (int64_t idx : blank ? *blank : std::vector<int64_t>()) {
+            if (idx >= s*c.n_kv && idx < (s + 1)*c.n_kv) {
+                memset(q4.data() + (idx - s*c.n_kv)*rb, 0x7c, rb);
+            }
+        }
+        ggml_sparse_attn_sketch_pack(q4.data(), out.data() + s*rb*n16, n16, c.n_head_kv, c.D);
+    }
+    return out;
+}
 
 void set_quantized(ggml_tensor * t, const std::vector<float> & x) {
     std::vector<uint8_t> buf(ggml_nbytes(t));
@@ -393,7 +416,10 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
     ggml_tensor * k_idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_written);
     ggml_tensor * bounds = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.bounds_width(), c.n_head_kv, n_blocks, c.n_stream);
     ggml_tensor * v_cur  = c.sketch ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.D, c.n_head_kv, n_written) : nullptr;
-    ggml_tensor * ks     = c.sketch ? ggml_new_tensor_4d(ctx, GGML_TYPE_Q4_0, c.D, c.n_head_kv, c.n_kv, c.n_stream) : nullptr;
+    // the sketch as the KV cache keeps it: a cell's KV heads side by side, whole tiles of 16 cells
+    ggml_tensor * ks     = c.sketch ? ggml_new_tensor_3d(ctx, GGML_TYPE_Q4_0, c.D*c.n_head_kv, GGML_PAD(c.n_kv, 16), c.n_stream) : nullptr;
+    ggml_tensor * ks_kv  = c.sketch ? ggml_view_4d(ctx, ks, c.D, ks->ne[1], c.n_head_kv, c.n_stream, ks->nb[1],
+                                                   ggml_row_size(GGML_TYPE_Q4_0, c.D), ks->nb[2], 0) : nullptr;
     ggml_tensor * kc     = ggml_new_tensor_4d(ctx, c.type_kv, c.D, c.n_head_kv, c.n_kv, c.n_stream);
     ggml_tensor * vc     = ggml_new_tensor_4d(ctx, c.type_kv, c.D, c.n_head_kv, c.n_kv, c.n_stream);
     ggml_tensor * mask   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.n_kv, c.n_rows, 1, c.n_stream);
@@ -403,14 +429,14 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
     ggml_tensor * v = ggml_permute(ctx, vc, 0, 2, 1, 3);
 
     const float scale = 1.0f/sqrtf((float) c.D);
-    ggml_tensor * filled = c.sketch ? ggml_sparse_attn_fill_kv(ctx, bounds, k_cur, v_cur, k_idxs, c.block, (int) c.n_kv)
+    ggml_tensor * filled = c.sketch ? ggml_sparse_attn_fill_kv(ctx, bounds, k_cur, v_cur, k_idxs, ks, c.block, (int) c.n_kv)
                                     : ggml_sparse_attn_fill(ctx, bounds, k_cur, k_idxs, c.block, (int) c.n_kv);
     ggml_tensor * sel    = c.sketch ?
-        ggml_sparse_attn_select_sketch(ctx, q, ggml_permute(ctx, ks, 0, 2, 1, 3), filled, mask, scale, c.block, c.topk, c.coverage,
+        ggml_sparse_attn_select_sketch(ctx, q, ks_kv, filled, mask, scale, c.block, c.topk, c.coverage,
                                        c.tolerance, c.sink, c.recent) :
         ggml_sparse_attn_select(ctx, q, filled, mask, c.block, c.topk, c.coverage, c.sink, c.recent);
     ggml_tensor * sel_whole = c.tolerance > 0.0f ?
-        ggml_sparse_attn_select_sketch(ctx, q, ggml_permute(ctx, ks, 0, 2, 1, 3), filled, mask, scale, c.block, c.topk, c.coverage,
+        ggml_sparse_attn_select_sketch(ctx, q, ks_kv, filled, mask, scale, c.block, c.topk, c.coverage,
                                        0.0f, c.sink, c.recent) : nullptr;
     if (c.prompt_stride > 0) {
         ggml_sparse_attn_select_set_prompt_rows(sel, c.prompt_stride, c.mass_tolerance);
@@ -456,7 +482,9 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
             std::copy_n(in.values.begin() + source_cell(in.idxs[t])*row, row, vcur.begin() + t*row);
         }
         ggml_backend_tensor_set(v_cur, vcur.data(), 0, ggml_nbytes(v_cur));
-        set_quantized(ks, in.keys);
+        // the cells the fill writes are left for it to write (NaN scales until it does)
+        const std::vector<uint8_t> tiles = sketch_tiles(c, in.keys, &in.idxs);
+        ggml_backend_tensor_set(ks, tiles.data(), 0, tiles.size());
     }
     ggml_backend_tensor_set(k_idxs, in.idxs.data(), 0, ggml_nbytes(k_idxs));
     ggml_backend_tensor_set(bounds, in.bounds0.data(), 0, ggml_nbytes(bounds));
@@ -469,7 +497,8 @@ graph_out run(const fuzz_case & c, const run_inputs & in, ggml_backend_t backend
         exit(1);
     }
     graph_out out{get<float>(filled), get<float>(sparse), get<float>(dense), get<int32_t>(sel),
-                  sel_whole ? get<int32_t>(sel_whole) : std::vector<int32_t>()};
+                  sel_whole ? get<int32_t>(sel_whole) : std::vector<int32_t>(),
+                  ks ? get<uint8_t>(ks) : std::vector<uint8_t>()};
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
     return out;
@@ -1031,6 +1060,8 @@ int main(int argc, char ** argv) {
             err = "fill: optimized and reference bounds differ";
         } else if (!(err = check_fill(c, in, opt.filled)).empty()) {
             err = "fill: " + err;
+        } else if (c.sketch && (opt.sketch != sketch_tiles(c, in.keys, nullptr) || ref.sketch != opt.sketch)) {
+            err = "fill: the key sketch is not every live key's q4_0 bytes in its tile";
         } else if (opt.sel != ref.sel) {
             err = "select: optimized and reference selections differ";
         } else if (!(err = check_selection(c, in, opt.sel, opt)).empty()) {

@@ -1,9 +1,9 @@
-// Probe (not built with the stack): the key sketch's scores, 16 keys at a time, from the layout the
-// KV cache keeps today (one q4_0 row per cell, its KV heads side by side; the select kernel's fused
-// AVX-512 VNNI tile, copied) against a transposed layout that computes the same integer sums and
-// float steps, so the same bits (checked). The transposed layout holds, per 16 cells, KV head and
-// 32 dimensions, the sixteen f16 scales and then four 64-byte rows whose 32-bit lane k holds four
-// dimensions of key k as nibbles. 30 layers' copies, so that the scan streams from memory as a
+// Probe (not built with the stack): the key sketch's scores, 16 keys at a time, from q4_0 rows (one
+// row per cell, its KV heads side by side: the layout the sketch had before its tiles, with the
+// select kernel's AVX-512 VNNI tile for it) against the tiles the sketch now keeps
+// (ggml/src/ggml-sparse-attn-sketch.h), which compute the same integer sums and float steps, so
+// the same bits (checked). A tile holds, per 16 cells, KV head and 32 dimensions, the sixteen f16
+// scales and then four 64-byte rows whose 32-bit lane k holds four dimensions of key k as nibbles. 30 layers' copies, so that the scan streams from memory as a
 // decode step's does; one thread; the best of 15 passes.
 //
 //   g++ -O3 -march=native -std=c++17 tools/probes/sketch_layout.cpp -o /tmp/sketch_layout
